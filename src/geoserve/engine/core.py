@@ -1,0 +1,528 @@
+"""The engine: admits requests, batches patches from all of them, and stitches results.
+
+Each :meth:`Engine.step` fills one batch with up to ``max_batch_patches`` patches taken from the
+pending requests in arrival order (a request's patches are read one grid row at a time, when
+needed), runs one forward pass, and routes every output patch to its request's canvas. A request
+finishes when its last patch is stitched: its output processor turns the canvas into a raster,
+which is written or encoded as the request asked.
+
+Failures stay with their request: a bad input fails only that request; a forward pass that
+raises fails only the requests with patches in that batch; the engine keeps serving.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import logging
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any, cast
+
+import numpy as np
+import torch
+from einops import rearrange
+from numpy.typing import NDArray
+
+from geoserve.engine.request import Patch, Request
+from geoserve.errors import (
+    ConfigError,
+    GeoServeError,
+    ModelExecutionError,
+    ModelOutputShapeError,
+    ProcessorMismatchError,
+    WeightsError,
+)
+from geoserve.plugins import load_plugins
+from geoserve.processors.base import InputProcessor, OutputProcessor
+from geoserve.processors.patcher import GeoTiffPatcher
+from geoserve.raster.source import DataFormat, RasterArray, RasterLike, open_raster
+from geoserve.raster.write import OutputRaster, geotiff_bytes, write_geotiff
+from geoserve.registry import INPUT_REGISTRY, MODEL_REGISTRY, OUTPUT_REGISTRY, ModelSpec
+from geoserve.schemas import (
+    OUT_FORMATS,
+    ImageOutput,
+    ImageRequestOutput,
+    OutFormat,
+    TensorRequestOutput,
+)
+
+logger = logging.getLogger(__name__)
+
+ImageInput = RasterLike | Sequence[RasterLike]
+ProgressCallback = Callable[[int, int], None]
+
+
+def resolve_model(model: str | ModelSpec) -> tuple[ModelSpec, InputProcessor, OutputProcessor]:
+    """Look up a model and both of its processors.
+
+    Raises:
+        UnknownModelError: the name is not registered (the message lists those that are).
+        ProcessorMismatchError: the model lacks an input or an output processor.
+    """
+    if isinstance(model, str):
+        load_plugins()
+        spec = MODEL_REGISTRY.get(model)
+    else:
+        spec = model
+    missing = [
+        (label, deco)
+        for label, reg, deco in (
+            ("input", INPUT_REGISTRY, "@INPUT_REGISTRY.register_input_processor(...)"),
+            ("output", OUTPUT_REGISTRY, "@OUTPUT_REGISTRY.register_output_processor(...)"),
+        )
+        if spec.key not in reg
+    ]
+    if missing:
+        what = " and ".join(f"an {label} processor" for label, _ in missing)
+        fix = " and ".join(deco for _, deco in missing)
+        raise ProcessorMismatchError(
+            f"model {spec.name!r} has no {what}; decorate {spec.key} with {fix}"
+        )
+    return spec, INPUT_REGISTRY.get(spec.key), OUTPUT_REGISTRY.get(spec.key)
+
+
+def load_weights(module: torch.nn.Module, path: str | Path, model_name: str) -> None:
+    """Load a state dict from ``.safetensors``, ``.pt``, ``.pth`` or ``.ckpt`` (strict).
+
+    Raises:
+        WeightsError: the file is missing, unreadable, or its keys do not match the model.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise WeightsError(f"{path}: weights file for model {model_name!r} not found")
+    try:
+        if path.suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            state = load_file(str(path))
+        else:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+            if isinstance(state, dict) and "state_dict" in state:
+                state = state["state_dict"]
+    except Exception as exc:
+        raise WeightsError(f"{path}: cannot read weights ({exc})") from exc
+    result = module.load_state_dict(state, strict=False)
+    if result.missing_keys or result.unexpected_keys:
+        raise WeightsError(
+            f"{path}: weights do not match model {model_name!r}: "
+            f"missing {list(result.missing_keys)[:10]}, "
+            f"unexpected {list(result.unexpected_keys)[:10]}"
+        )
+
+
+class Engine:
+    """Serves one model: GeoTIFFs (or tensors) in, GeoTIFFs (or tensors) out.
+
+    Args:
+        model: A registered model name or a :class:`~geoserve.registry.ModelSpec`.
+        weights: Local weights file loaded into the model (strict).
+        device: Torch device for the forward passes.
+        dtype: Autocast dtype (``torch.bfloat16``, ``"float16"`` ...); ``None`` runs float32.
+        patch_size, stride, blend, bands: Override the input processor's configuration.
+        output_kind: ``classes``, ``probabilities`` or ``raw``; default: the model's own.
+        max_batch_patches: Most patches per forward pass, drawn from all pending requests.
+        output_dir: Where ``out_format="path"`` outputs go when no path is given.
+        warmup: Run one dummy patch at start-up to check the model against its processors.
+
+    Raises:
+        UnknownModelError, ProcessorMismatchError, ConfigError, WeightsError: at start-up.
+    """
+
+    def __init__(
+        self,
+        model: str | ModelSpec,
+        *,
+        weights: str | Path | None = None,
+        device: str | torch.device = "cpu",
+        dtype: torch.dtype | str | None = None,
+        patch_size: int | None = None,
+        stride: int | None = None,
+        blend: str | None = None,
+        bands: Sequence[int | str] | None = None,
+        output_kind: str | None = None,
+        max_batch_patches: int = 16,
+        output_dir: str | Path | None = None,
+        warmup: bool = True,
+    ) -> None:
+        self.spec, in_proc, out_proc = resolve_model(model)
+        if not isinstance(max_batch_patches, int) or max_batch_patches < 1:
+            raise ConfigError(
+                f"invalid max_batch_patches: {max_batch_patches!r}; must be a positive integer"
+            )
+        self.max_batch_patches = max_batch_patches
+        self.in_proc = in_proc.replace(
+            patch_size=patch_size,
+            stride=stride,
+            blend=blend,
+            bands=tuple(bands) if bands is not None else None,
+        )
+        self.out_proc = out_proc.for_kind(output_kind) if output_kind else out_proc
+        self.device = torch.device(device)
+        self.dtype = _resolve_dtype(dtype)
+        self._output_dir = Path(output_dir) if output_dir is not None else None
+        self.model = self._build_model(weights)
+        self._active: list[Request] = []
+        self._failed: list[ImageRequestOutput | TensorRequestOutput] = []
+        if warmup:
+            self._warmup()
+
+    # -- set-up ------------------------------------------------------------------------------
+
+    def _build_model(self, weights: str | Path | None) -> torch.nn.Module:
+        if weights is None and self.spec.weights_required:
+            hint = f" ({self.spec.weights_hint})" if self.spec.weights_hint else ""
+            raise WeightsError(
+                f"model {self.spec.name!r} needs weights: pass --weights FILE{hint}"
+            )
+        module = cast(torch.nn.Module, self.spec.factory())
+        if weights is not None:
+            load_weights(module, weights, self.spec.name)
+        return module.to(self.device).eval()
+
+    def _warmup(self) -> None:
+        """Run one dummy patch to check the model's output against the output processor."""
+        dummy = self.in_proc.dummy_input(seed=0)
+        req = self._new_request([dummy] * self.in_proc.num_frames, "warmup", "tensor", None)
+        patch = req.pop_patch()
+        req.close()
+        if patch is None:  # pragma: no cover - dummy inputs have no nodata
+            return
+        out = self._forward([patch])
+        want = self.out_proc.out_channels
+        if want is not None and out.shape[1] != want:
+            raise ProcessorMismatchError(
+                f"model {self.spec.name!r} returns {out.shape[1]} channels but its output "
+                f"processor expects {want}"
+            )
+
+    @property
+    def output_dir(self) -> Path:
+        """Directory for outputs without an explicit path (a temporary one by default)."""
+        if self._output_dir is None:
+            self._output_dir = Path(tempfile.mkdtemp(prefix="geoserve-"))
+        return self._output_dir
+
+    # -- admission ---------------------------------------------------------------------------
+
+    def _new_request(
+        self,
+        inputs: Sequence[RasterLike],
+        request_id: str,
+        out_format: OutFormat,
+        output_path: Path | None,
+        data_format: DataFormat = "auto",
+        in_proc: InputProcessor | None = None,
+        tensor_shape: tuple[int, ...] | None = None,
+    ) -> Request:
+        proc = in_proc or self.in_proc
+        sources = []
+        try:
+            for item in inputs:
+                sources.append(open_raster(item, data_format))
+            ctx = proc.prepare(sources)
+        except BaseException:
+            for src in sources:
+                src.close()
+            raise
+        return Request(
+            request_id, sources, ctx, proc, self.out_proc, out_format, output_path,
+            tensor_shape=tensor_shape,
+        )
+
+    def add_request(
+        self,
+        inputs: ImageInput,
+        *,
+        request_id: str | None = None,
+        output_path: str | Path | None = None,
+        out_format: OutFormat = "path",
+        data_format: DataFormat = "auto",
+    ) -> str:
+        """Admit one request; its patches join the next batches. Returns the request id.
+
+        ``inputs`` is one raster, or a list of rasters as the dates of one place. A request
+        whose input cannot be opened is not raised here: it comes back, failed, from the next
+        :meth:`step`.
+        """
+        rid = request_id or uuid.uuid4().hex[:12]
+        dates = list(inputs) if isinstance(inputs, list | tuple) else [inputs]
+        try:
+            if out_format not in OUT_FORMATS:
+                raise ConfigError(
+                    f"invalid out_format {out_format!r}; choose one of {', '.join(OUT_FORMATS)}"
+                )
+            path = Path(output_path) if output_path is not None else None
+            req = self._new_request(dates, rid, out_format, path, data_format)
+        except GeoServeError as exc:
+            self._failed.append(ImageRequestOutput(rid, finished=True, error=exc))
+            return rid
+        self._active.append(req)
+        return rid
+
+    def has_unfinished(self) -> bool:
+        """Whether any request is still pending."""
+        return bool(self._active or self._failed)
+
+    # -- the loop ----------------------------------------------------------------------------
+
+    def _fill_batch(self) -> list[Patch]:
+        batch: list[Patch] = []
+        keys: set[str] | None = None
+        for req in list(self._active):
+            req_keys = set(req.ctx.model_kwargs)
+            if keys is not None and req_keys != keys:
+                continue  # patches with other model arguments go in a later batch
+            while len(batch) < self.max_batch_patches:
+                try:
+                    patch = req.pop_patch()
+                except GeoServeError as exc:
+                    self._fail(req, exc)
+                    break
+                except Exception as exc:  # unexpected: log it, fail this request alone
+                    logger.exception("reading request %s failed", req.request_id)
+                    self._fail(req, GeoServeError(f"{req.ctx.names[0]}: read failed: {exc!r}"))
+                    break
+                if patch is None:
+                    break
+                batch.append(patch)
+                keys = req_keys
+            if len(batch) >= self.max_batch_patches:
+                break
+        return batch
+
+    def step(self) -> list[ImageRequestOutput | TensorRequestOutput]:
+        """Run one batch; return the requests that finished (or failed) during it."""
+        batch = self._fill_batch()
+        if batch:
+            self._run_batch(batch)
+        done: list[ImageRequestOutput | TensorRequestOutput] = self._failed
+        self._failed = []
+        for req in list(self._active):
+            if req.error is None and req.is_complete:
+                self._active.remove(req)
+                done.append(self._finish(req))
+        return done
+
+    def _run_batch(self, batch: list[Patch]) -> None:
+        t0 = time.perf_counter()
+        try:
+            out = self._forward(batch)
+        except GeoServeError as exc:
+            self._fail_batch(batch, exc)
+            return
+        except Exception as exc:
+            logger.exception("forward pass failed")
+            self._fail_batch(batch, ModelExecutionError(
+                f"model {self.spec.name!r} failed on a batch of {len(batch)} patches: {exc!r}"
+            ))
+            return
+        share = (time.perf_counter() - t0) / len(batch)
+        for patch, result in zip(batch, out):
+            req = patch.request
+            req.in_flight -= 1
+            if req.error is not None:
+                continue
+            t1 = time.perf_counter()
+            req.out_channels = result.shape[0]
+            req.canvas.add(patch.row, patch.col, req.out_proc.prepare_patch(result))
+            req.timings.stitch += time.perf_counter() - t1
+            req.timings.model += share
+
+    def _forward(self, batch: list[Patch]) -> NDArray[np.float32]:
+        x = torch.from_numpy(np.stack([p.data for p in batch])).to(self.device)
+        kwargs: dict[str, Any] = {}
+        for key in batch[0].request.ctx.model_kwargs:
+            vals = np.stack([p.request.ctx.model_kwargs[key] for p in batch])
+            kwargs[key] = torch.from_numpy(vals).to(self.device)
+        with torch.inference_mode(), self._autocast():
+            y = self.model(x, **kwargs)
+        if isinstance(y, tuple | list):
+            y = y[0]
+        if not isinstance(y, torch.Tensor):
+            raise ModelOutputShapeError(
+                f"model {self.spec.name!r} returned {type(y).__name__}, not a tensor"
+            )
+        if y.ndim == 5:  # (B, C, T, H, W): one band per (date, channel)
+            y = rearrange(y, "b c t h w -> b (t c) h w")
+        p = x.shape[-1]
+        if y.ndim != 4 or y.shape[0] != x.shape[0] or tuple(y.shape[-2:]) != (p, p):
+            raise ModelOutputShapeError(
+                f"model {self.spec.name!r} returned shape {tuple(y.shape)} for input "
+                f"{tuple(x.shape)}; expected (batch={x.shape[0]}, channels, {p}, {p})"
+            )
+        return cast(NDArray[np.float32], y.float().cpu().numpy())
+
+    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
+        if self.dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self.dtype)
+
+    def _fail(self, req: Request, exc: GeoServeError) -> None:
+        if req.error is None:
+            req.error = exc
+            req.close()
+            if req in self._active:
+                self._active.remove(req)
+            out_cls = TensorRequestOutput if req.tensor_shape is not None else ImageRequestOutput
+            self._failed.append(out_cls(req.request_id, finished=True, error=exc,
+                                        num_patches=req.num_patches, timings=req.timings))
+
+    def _fail_batch(self, batch: list[Patch], exc: GeoServeError) -> None:
+        for patch in batch:
+            patch.request.in_flight -= 1
+            self._fail(patch.request, exc)
+
+    # -- finishing ---------------------------------------------------------------------------
+
+    def _finish(self, req: Request) -> ImageRequestOutput | TensorRequestOutput:
+        try:
+            channels = req.out_channels or self.out_proc.out_channels or 1
+            blended = req.canvas.result(channels)
+            if req.tensor_shape is not None:
+                return TensorRequestOutput(
+                    req.request_id, True, torch.from_numpy(blended), None,
+                    req.num_patches, req.timings,
+                )
+            t0 = time.perf_counter()
+            raster = req.out_proc.finalize(blended, req.canvas.valid, req.ctx)
+            req.timings.stitch += time.perf_counter() - t0
+            t1 = time.perf_counter()
+            output = self._deliver(req, raster)
+            req.timings.write += time.perf_counter() - t1
+            return ImageRequestOutput(req.request_id, True, output, None, req.num_patches,
+                                      req.timings)
+        except GeoServeError as exc:
+            return ImageRequestOutput(req.request_id, True, None, exc, req.num_patches,
+                                      req.timings)
+        finally:
+            req.close()
+
+    def _deliver(self, req: Request, raster: OutputRaster) -> ImageOutput:
+        count, height, width = raster.data.shape
+        out = ImageOutput(req.out_format, width, height, count, str(raster.data.dtype))
+        profile = req.ctx.profile
+        if req.out_format == "path":
+            path = req.output_path or self.output_dir / f"{req.request_id}.tif"
+            out.path = write_geotiff(path, raster, profile)
+        elif req.out_format == "tensor":
+            out.tensor = torch.from_numpy(np.ascontiguousarray(raster.data))
+        elif req.out_format == "b64":
+            out.b64 = base64.b64encode(geotiff_bytes(raster, profile)).decode("ascii")
+        else:
+            out.data = geotiff_bytes(raster, profile)
+        return out
+
+    # -- offline API -------------------------------------------------------------------------
+
+    def run_until_done(
+        self, progress: ProgressCallback | None = None
+    ) -> Iterator[ImageRequestOutput | TensorRequestOutput]:
+        """Step until no request is pending, yielding each finished request."""
+        done = 0
+        while self.has_unfinished():
+            for result in self.step():
+                done += result.num_patches
+                yield result
+            if progress is not None:
+                total = sum(r.num_patches for r in self._active) + done
+                stitched = done + sum(
+                    r.num_patches - len(r.queue) - r.in_flight for r in self._active
+                )
+                progress(stitched, total)
+
+    def generate_image(
+        self,
+        x_or_list: ImageInput | list[ImageInput],
+        *,
+        output_path: str | Path | None = None,
+        out_format: OutFormat = "path",
+        data_format: DataFormat = "auto",
+        progress: ProgressCallback | None = None,
+    ) -> Any:
+        """Run one input, or a list of inputs, to completion.
+
+        A single input returns its :class:`ImageRequestOutput` and raises its error if it
+        failed. A list returns one output per item, in input order; failed items carry their
+        ``error`` and do not affect the others. A list item that is itself a list holds the
+        dates of one place. For a list, ``output_path`` is a directory.
+
+        Raises:
+            GeoServeError: for a single input that failed.
+        """
+        single = not isinstance(x_or_list, list)
+        items: list[ImageInput] = [x_or_list] if single else list(x_or_list)  # type: ignore[list-item]
+        paths = self._output_paths(items, output_path, out_format, single)
+        ids = [
+            self.add_request(item, output_path=path, out_format=out_format,
+                             data_format=data_format)
+            for item, path in zip(items, paths)
+        ]
+        results = {r.request_id: r for r in self.run_until_done(progress)}
+        outputs = [cast(ImageRequestOutput, results[i]) for i in ids]
+        if single:
+            return outputs[0].raise_for_error()
+        return outputs
+
+    def _output_paths(
+        self,
+        items: Sequence[ImageInput],
+        output_path: str | Path | None,
+        out_format: str,
+        single: bool,
+    ) -> list[Path | None]:
+        if out_format != "path" or output_path is None:
+            return [None] * len(items)
+        if single:
+            return [Path(output_path)]
+        directory = Path(output_path)
+        directory.mkdir(parents=True, exist_ok=True)
+        seen: dict[str, int] = {}
+        paths: list[Path | None] = []
+        for i, item in enumerate(items):
+            first = item[0] if isinstance(item, list | tuple) else item
+            stem = Path(str(first)).stem if isinstance(first, str | Path) else f"input_{i}"
+            n = seen.get(stem, 0)
+            seen[stem] = n + 1
+            paths.append(directory / (f"{stem}_pred.tif" if n == 0 else f"{stem}_{n}_pred.tif"))
+        return paths
+
+    def transform(self, tensors: Sequence[torch.Tensor]) -> list[TensorRequestOutput]:
+        """Run already-normalised tensors through the model, batched like image requests.
+
+        Each tensor is (C, H, W) or (C, T, H, W) of any size; it is tiled with this engine's
+        patch grid and the blended raw model output (C_out, H, W) comes back in ``.tensors``.
+        """
+        proc = GeoTiffPatcher(
+            patch_size=self.in_proc.patch_size, stride=self.in_proc.stride,
+            blend=self.in_proc.blend,  # type: ignore[arg-type]
+        )
+        ids = []
+        for i, t in enumerate(tensors):
+            rid = uuid.uuid4().hex[:12]
+            arr = t.detach().cpu().float().numpy()
+            if arr.ndim not in (3, 4):
+                self._failed.append(TensorRequestOutput(rid, True, None, ConfigError(
+                    f"tensor {i} has shape {tuple(arr.shape)}; expected (C, H, W) or (C, T, H, W)"
+                )))
+            else:
+                flat = RasterArray(arr.reshape(-1, *arr.shape[-2:]), name=f"<tensor {i}>")
+                req = self._new_request([flat], rid, "tensor", None, in_proc=proc,
+                                        tensor_shape=arr.shape[:-2])
+                self._active.append(req)
+            ids.append(rid)
+        results = {r.request_id: r for r in self.run_until_done()}
+        return [cast(TensorRequestOutput, results[i]) for i in ids]
+
+
+def _resolve_dtype(dtype: torch.dtype | str | None) -> torch.dtype | None:
+    if dtype is None or isinstance(dtype, torch.dtype):
+        return dtype
+    names = {"float32": None, "fp32": None, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+             "float16": torch.float16, "fp16": torch.float16}
+    if dtype not in names:
+        raise ConfigError(f"invalid dtype {dtype!r}; choose one of {', '.join(names)}")
+    return names[dtype]

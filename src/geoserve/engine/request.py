@@ -1,0 +1,106 @@
+"""One request's state inside the engine: its inputs, plan, queued patches and canvas.
+
+Everything per request lives here (and in its frozen :class:`RasterContext`), never on a
+processor, so one processor instance serves any number of concurrent requests.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from geoserve.errors import GeoServeError
+from geoserve.processors.base import InputProcessor, OutputProcessor, RasterContext
+from geoserve.processors.canvas import Canvas
+from geoserve.raster.source import RasterSource
+from geoserve.schemas import OutFormat, StageTimings
+
+
+@dataclass
+class Patch:
+    """One queued model input and where its output goes."""
+
+    request: Request
+    row: int
+    col: int
+    data: NDArray[np.float32]
+
+
+@dataclass
+class Request:
+    """A request admitted into the engine (see the module docstring).
+
+    ``tensor_shape`` is set for :meth:`Engine.transform` requests: the (C, T) shape patches are
+    unfolded to before the model, and the result stays a tensor instead of becoming a raster.
+    """
+
+    request_id: str
+    sources: Sequence[RasterSource]
+    ctx: RasterContext
+    in_proc: InputProcessor
+    out_proc: OutputProcessor
+    out_format: OutFormat = "path"
+    output_path: Path | None = None
+    tensor_shape: tuple[int, ...] | None = None
+    canvas: Canvas = field(init=False)
+    timings: StageTimings = field(default_factory=StageTimings)
+    queue: deque[Patch] = field(default_factory=deque)
+    next_row: int = 0
+    in_flight: int = 0
+    num_patches: int = 0
+    out_channels: int | None = None
+    error: GeoServeError | None = None
+
+    def __post_init__(self) -> None:
+        self.canvas = Canvas(self.ctx.grid)
+
+    @property
+    def rows_left(self) -> bool:
+        """Whether grid rows remain to be read."""
+        return self.next_row < self.ctx.grid.rows
+
+    @property
+    def is_complete(self) -> bool:
+        """All rows read, nothing queued or in the model."""
+        return not self.rows_left and not self.queue and self.in_flight == 0
+
+    @property
+    def model_kwargs(self) -> dict[str, Any]:
+        """Per-request model keyword arrays (no batch axis)."""
+        return dict(self.ctx.model_kwargs)
+
+    def pop_patch(self) -> Patch | None:
+        """The next patch, reading grid rows as needed; None when no patches remain.
+
+        Raises:
+            GeoServeError: if reading fails (the caller fails this request alone).
+        """
+        while not self.queue and self.rows_left:
+            t0 = time.perf_counter()
+            row = self.in_proc.read_row(self.sources, self.ctx, self.next_row)
+            self.canvas.set_valid(row.row, row.core_valid)
+            self.next_row += 1
+            patches = row.patches
+            if self.tensor_shape is not None and len(patches):
+                patches = patches.reshape(len(patches), *self.tensor_shape, *patches.shape[-2:])
+            for col, data in zip(row.cols, patches):
+                self.queue.append(Patch(self, row.row, col, data))
+            self.num_patches += len(row.cols)
+            self.timings.read += time.perf_counter() - t0
+        if not self.queue:
+            return None
+        self.in_flight += 1
+        return self.queue.popleft()
+
+    def close(self) -> None:
+        """Release inputs and queued patches."""
+        for src in self.sources:
+            src.close()
+        self.queue.clear()

@@ -1,0 +1,94 @@
+"""Every exception and warning geoserve raises.
+
+All errors derive from :class:`GeoServeError`, so a caller can catch the whole family with one
+``except``. Each subclass also inherits the matching built-in (``OSError`` for unreadable files,
+``ValueError`` for bad values, ``KeyError`` for unknown names), so code written against the
+built-ins keeps working. Messages name the file, band, model or field at fault: they are shown to
+users verbatim by the CLI and (later) by the HTTP server.
+
+This module imports nothing from geoserve.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+
+class GeoServeError(Exception):
+    """Root of every error geoserve raises on purpose."""
+
+
+class ConfigError(GeoServeError, ValueError):
+    """Raised when a processor, engine or CLI option has an invalid value."""
+
+
+class RegistryError(GeoServeError, ValueError):
+    """Raised when a name is registered twice, or a registration is malformed."""
+
+
+class UnknownNameError(GeoServeError, KeyError):
+    """Raised when a registry lookup names something that is not registered."""
+
+    def __init__(self, label: str, name: str, known: Iterable[str]) -> None:
+        import difflib
+
+        known = sorted(known)
+        close = difflib.get_close_matches(name, known, n=3)
+        hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
+        listing = ", ".join(known) if known else "(none registered)"
+        self.label, self.name, self.known = label, name, known
+        super().__init__(f"unknown {label} {name!r}{hint} known: {listing}")
+
+    def __str__(self) -> str:  # KeyError would otherwise quote the whole message
+        return str(self.args[0])
+
+
+class UnknownModelError(UnknownNameError):
+    """Raised when a model name is not in the model registry."""
+
+    def __init__(self, name: str, known: Iterable[str]) -> None:
+        super().__init__("model", name, known)
+
+
+class ProcessorMismatchError(GeoServeError, ValueError):
+    """Raised when a model lacks an input or output processor, or they disagree with the model."""
+
+
+class PluginLoadError(GeoServeError, ImportError):
+    """Raised when a plugin that was asked for is missing or fails to load."""
+
+
+class InputError(GeoServeError, ValueError):
+    """Raised when a request's input cannot be used (bad format, size, dtype, dates)."""
+
+
+class RasterReadError(GeoServeError, OSError):
+    """Raised when an input raster is missing, unreadable, truncated or corrupt."""
+
+
+class BandMismatchError(GeoServeError, ValueError):
+    """Raised when an input lacks bands the model needs (too few, or a name that is absent)."""
+
+
+class WeightsError(GeoServeError, OSError):
+    """Raised when model weights are needed but missing, or cannot be loaded."""
+
+
+class ModelOutputShapeError(GeoServeError, ValueError):
+    """Raised when a model returns a tensor of a shape the output processor cannot use."""
+
+
+class ModelExecutionError(GeoServeError, RuntimeError):
+    """Raised (per request) when the model's forward pass failed on a batch holding its patches."""
+
+
+class OutputWriteError(GeoServeError, OSError):
+    """Raised when an output GeoTIFF cannot be written."""
+
+
+class GeoServeWarning(UserWarning):
+    """Root of geoserve's warnings."""
+
+
+class NotGeoreferencedWarning(GeoServeWarning):
+    """Issued when an input has no CRS or transform; the output will have none either."""

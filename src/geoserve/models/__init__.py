@@ -1,0 +1,1 @@
+"""Models shipped with geoserve (registered through the ``geoserve.plugins`` entry point)."""

@@ -1,0 +1,150 @@
+"""The two processor interfaces every model needs, and the per-request values they exchange.
+
+An *input processor* turns request inputs into normalised patches; an *output processor* turns
+blended model outputs back into a raster. Processor instances hold configuration only and are
+shared by all requests: everything that belongs to one request lives in the frozen
+:class:`RasterContext` returned by :meth:`InputProcessor.prepare`, or in the engine's request
+object.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, TypeVar, get_args
+
+import numpy as np
+from numpy.typing import NDArray
+
+from geoserve.raster.grid import PatchGrid
+from geoserve.raster.source import RasterArray, RasterSource
+from geoserve.raster.write import OutputRaster
+
+OutputKind = Literal["classes", "probabilities", "raw"]
+OUTPUT_KINDS: tuple[str, ...] = get_args(OutputKind)
+
+P = TypeVar("P", bound="Configurable")
+
+
+class Configurable:
+    """Mixin for frozen-dataclass processors: copies with some fields replaced, re-validated."""
+
+    def replace(self: P, **changes: Any) -> P:
+        """Return a copy with ``changes`` applied (``None`` values are ignored)."""
+        changes = {k: v for k, v in changes.items() if v is not None}
+        return dataclasses.replace(self, **changes) if changes else self  # type: ignore[type-var]
+
+
+@dataclass(frozen=True)
+class RasterContext:
+    """Everything one request's processors need to know about its input; frozen.
+
+    Attributes:
+        grid: Patch placement for this image.
+        names: The input names (path or ``<bytes>``), one per date.
+        bands: 0-based indices of the bands fed to the model.
+        band_names: Their descriptions (or ``band_<n>``), for output band descriptions.
+        profile: The first input's rasterio profile: the output grid is copied from it.
+        has_nodata: Whether the input declares a nodata value (the output then declares one
+            too; it also does when NaN pixels turn up while reading).
+        model_kwargs: Extra per-request model arguments as arrays without the batch axis
+            (``temporal_coords`` (T, 2), ``location_coords`` (2,)); empty for most models.
+    """
+
+    grid: PatchGrid
+    names: tuple[str, ...]
+    bands: tuple[int, ...]
+    band_names: tuple[str, ...]
+    profile: Mapping[str, Any]
+    has_nodata: bool
+    model_kwargs: Mapping[str, NDArray[np.float32]] = dataclasses.field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PatchRow:
+    """The patches of one grid row, ready for the model.
+
+    Attributes:
+        row: Grid row index.
+        cols: Grid column of each patch in ``patches`` (all-nodata patches are left out).
+        patches: float32 array (len(cols), C, P, P), or (len(cols), C, T, P, P) for T dates.
+        core_valid: (core height, width) bool mask of valid input pixels in this row's core
+            rows, or ``None`` when every pixel is valid.
+    """
+
+    row: int
+    cols: tuple[int, ...]
+    patches: NDArray[np.float32]
+    core_valid: NDArray[np.bool_] | None
+
+
+class InputProcessor(ABC, Configurable):
+    """Cuts request inputs into normalised model patches.
+
+    Subclasses are frozen dataclasses that define at least ``patch_size``, ``stride``,
+    ``blend`` and ``num_frames``.
+    """
+
+    patch_size: int
+    stride: int
+    blend: str
+    num_frames: int
+
+    @abstractmethod
+    def prepare(self, sources: Sequence[RasterSource]) -> RasterContext:
+        """Check the inputs against this processor's needs and plan the patch grid.
+
+        Raises:
+            GeoServeError: a subclass naming the file, band or field at fault.
+        """
+
+    @abstractmethod
+    def read_row(self, sources: Sequence[RasterSource], ctx: RasterContext, row: int) -> PatchRow:
+        """Read and normalise the patches of grid row ``row``."""
+
+    @abstractmethod
+    def dummy_input(self, seed: int = 0) -> RasterArray:
+        """A tiny synthetic raster this processor accepts (for warm-up and tests)."""
+
+    @property
+    def in_channels(self) -> int | None:
+        """Number of bands fed to the model, if fixed by the configuration."""
+        return None
+
+
+class OutputProcessor(ABC, Configurable):
+    """Turns blended model outputs (C, H, W) into the output raster."""
+
+    kind: OutputKind
+
+    @property
+    def out_channels(self) -> int | None:
+        """Number of channels the model must return, if fixed by the configuration."""
+        return None
+
+    def prepare_patch(self, patch: NDArray[np.float32]) -> NDArray[np.float32]:
+        """Hook applied to each output patch (C, P, P) before blending; no-op by default."""
+        return patch
+
+    @abstractmethod
+    def finalize(
+        self,
+        blended: NDArray[np.float32],
+        valid: NDArray[np.bool_] | None,
+        ctx: RasterContext,
+    ) -> OutputRaster:
+        """Turn the blended (C, H, W) output into the output raster.
+
+        ``valid`` is the (H, W) mask of valid input pixels, or ``None`` when all are valid;
+        invalid pixels must get the output's nodata value.
+        """
+
+    @abstractmethod
+    def for_kind(self, kind: str) -> OutputProcessor:
+        """A variant of this processor producing ``kind`` output.
+
+        Raises:
+            ConfigError: if this model's output cannot be turned into ``kind``.
+        """

@@ -1,0 +1,227 @@
+"""The GeoTIFF patcher: geoserve's input processor.
+
+It selects bands (by 0-based index or by band description), applies the model's scale factor and
+per-band mean/std, masks nodata (the declared value, and NaN), fills masked pixels with
+``fill`` (in normalised units, so 0 means "the band mean"), and cuts the image into the patches of
+the request's :class:`~geoserve.raster.grid.PatchGrid`. Several inputs form the T dates of one
+place and give (C, T, P, P) patches, the layout Prithvi models take.
+
+Reading goes one grid row at a time: rows are read once per patch row, full width, then cut into
+patches, so memory stays at (patch rows x width) per input regardless of scene height.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+from affine import Affine
+
+from geoserve.errors import BandMismatchError, ConfigError, InputError
+from geoserve.processors.base import InputProcessor, PatchRow, RasterContext
+from geoserve.raster.coords import acquisition_date, centre_lonlat, year_doy
+from geoserve.raster.grid import BlendMode, PatchGrid, check_tiling, reflect_indices
+from geoserve.raster.source import RasterArray, RasterInfo, RasterSource, resolve_bands
+
+
+@dataclass(frozen=True)
+class GeoTiffPatcher(InputProcessor):
+    """Cuts GeoTIFFs into normalised patches.
+
+    Args:
+        bands: Bands to feed the model, as 0-based indices or band descriptions (``"B8A"``);
+            ``None`` takes every band.
+        mean: Per-band mean subtracted after scaling; ``None`` means 0.
+        std: Per-band standard deviation divided by after subtracting the mean; ``None`` means 1.
+        scale_factor: Multiplies raw values first (e.g. 1e-4 for reflectance x 10000).
+        patch_size: Model input size in pixels (square).
+        stride: Step between patches; ``None`` gives 7/8 of the patch (1/8 overlap), or the
+            patch size with ``blend="none"``.
+        blend: How overlapping outputs are combined; see :mod:`geoserve.raster.grid`.
+        num_frames: Dates per request; > 1 gives (C, T, P, P) patches.
+        coords: Pass ``temporal_coords`` (T, 2: year, day of year) and ``location_coords``
+            (2: lon, lat of the scene centre) to the model as keyword arguments.
+        nodata: Override the input's declared nodata value.
+        fill: Value (after normalisation) written into masked pixels before the model sees them.
+    """
+
+    bands: tuple[int | str, ...] | None = None
+    mean: tuple[float, ...] | None = None
+    std: tuple[float, ...] | None = None
+    scale_factor: float = 1.0
+    patch_size: int = 224
+    stride: int = None  # type: ignore[assignment]  # resolved in __post_init__
+    blend: BlendMode = "center"
+    num_frames: int = 1
+    coords: bool = False
+    nodata: float | None = None
+    fill: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("bands", "mean", "std"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, tuple):
+                object.__setattr__(self, name, tuple(value))
+        if self.stride is None:
+            default = self.patch_size if self.blend == "none" else max(1, self.patch_size * 7 // 8)
+            object.__setattr__(self, "stride", default)
+        check_tiling(self.patch_size, self.stride, self.blend)
+        n = self.in_channels
+        for name in ("mean", "std"):
+            value = getattr(self, name)
+            if value is not None and n is not None and len(value) != n:
+                raise ConfigError(f"{name} has {len(value)} values but {n} bands are selected")
+        if self.std is not None and any(s == 0 for s in self.std):
+            raise ConfigError(f"std must not contain 0, got {self.std!r}")
+        if not isinstance(self.num_frames, int) or self.num_frames < 1:
+            raise ConfigError(f"invalid num_frames: {self.num_frames!r}; must be >= 1")
+
+    @property
+    def in_channels(self) -> int | None:
+        """Number of model input bands, when the configuration fixes it."""
+        for value in (self.bands, self.mean, self.std):
+            if value is not None:
+                return len(value)
+        return None
+
+    def replace(self, **changes: Any) -> GeoTiffPatcher:
+        """Copy with changes; a new ``patch_size`` or ``blend`` re-derives a default stride."""
+        changes = {k: v for k, v in changes.items() if v is not None}
+        if ("patch_size" in changes or "blend" in changes) and "stride" not in changes:
+            changes["stride"] = None
+        return dataclasses.replace(self, **changes) if changes else self
+
+    # -- per request -----------------------------------------------------------------------
+
+    def prepare(self, sources: Sequence[RasterSource]) -> RasterContext:
+        """Validate the inputs and plan the grid; see :meth:`InputProcessor.prepare`."""
+        infos = [s.info for s in sources]
+        if len(infos) != self.num_frames:
+            hint = " (pass the dates of one place as one list)" if self.num_frames > 1 else ""
+            raise InputError(
+                f"{infos[0].name}: model takes {self.num_frames} date(s) per request, "
+                f"got {len(infos)}{hint}"
+            )
+        first = infos[0]
+        _check_same_grid(first, infos[1:])
+        bands = resolve_bands(first, self.bands)
+        for info in infos[1:]:
+            if resolve_bands(info, self.bands) != bands:
+                raise BandMismatchError(f"{info.name}: bands differ from {first.name}")
+        n = self.in_channels
+        if n is not None and len(bands) != n:
+            raise BandMismatchError(f"{first.name} has {len(bands)} bands; the model needs {n}")
+        nodata = self.nodata if self.nodata is not None else first.nodata
+        names = tuple(first.descriptions[b] or f"band_{b + 1}" for b in bands)
+        kwargs: dict[str, NDArray[np.float32]] = {}
+        if self.coords:
+            kwargs["temporal_coords"] = np.array(
+                [year_doy(acquisition_date(i)) for i in infos], dtype=np.float32
+            )
+            kwargs["location_coords"] = np.array(centre_lonlat(first), dtype=np.float32)
+        grid = PatchGrid(first.height, first.width, self.patch_size, self.stride, self.blend)
+        return RasterContext(
+            grid=grid,
+            names=tuple(i.name for i in infos),
+            bands=tuple(bands),
+            band_names=names,
+            profile={**first.profile, "nodata": nodata},
+            has_nodata=nodata is not None,
+            model_kwargs=kwargs,
+        )
+
+    def read_row(self, sources: Sequence[RasterSource], ctx: RasterContext, row: int) -> PatchRow:
+        """Read grid row ``row`` of every date and cut it into normalised patches."""
+        grid = ctx.grid
+        r0, _ = grid.origin(row, 0)
+        rows = reflect_indices(r0, grid.patch_size, grid.height)
+        lo, hi = int(rows.min()), int(rows.max()) + 1
+        nodata = ctx.profile.get("nodata")
+        stacks, invalid = [], np.zeros((grid.patch_size, grid.width), dtype=bool)
+        for src in sources:
+            raw = src.read_rows(lo, hi, ctx.bands)[:, rows - lo, :]
+            band = self.normalize(raw)
+            bad = _invalid(raw, nodata)
+            if bad is not None:
+                invalid |= bad
+            stacks.append(band)
+        data = stacks[0] if self.num_frames == 1 else np.stack(stacks, axis=1)
+        any_invalid = bool(invalid.any())
+        if any_invalid:
+            data[..., invalid] = self.fill
+        patches, cols = [], []
+        for col in range(grid.cols):
+            c_idx = reflect_indices(grid.origin(row, col)[1], grid.patch_size, grid.width)
+            if any_invalid and invalid[:, c_idx].all():
+                continue  # nothing valid to predict: skip the model for this patch
+            patches.append(data[..., c_idx])
+            cols.append(col)
+        core_h = grid.core_window(row, 0).height
+        core_valid = None
+        if any_invalid:
+            core_valid = ~invalid[grid.margin : grid.margin + core_h]
+        empty = (0, *data.shape[:-2], grid.patch_size, grid.patch_size)
+        stacked = np.stack(patches) if patches else np.zeros(empty, dtype=np.float32)
+        return PatchRow(row=row, cols=tuple(cols), patches=stacked, core_valid=core_valid)
+
+    def normalize(self, raw: NDArray[Any]) -> NDArray[np.float32]:
+        """(raw * scale_factor - mean) / std, per band, in float32."""
+        x = raw.astype(np.float32)
+        if self.scale_factor != 1.0:
+            x *= np.float32(self.scale_factor)
+        if self.mean is not None:
+            x -= np.asarray(self.mean, dtype=np.float32)[:, None, None]
+        if self.std is not None:
+            x /= np.asarray(self.std, dtype=np.float32)[:, None, None]
+        return x
+
+    def dummy_input(self, seed: int = 0) -> RasterArray:
+        """A seeded 2-patch-wide uint16 raster with named bands in a UTM CRS."""
+        from rasterio.crs import CRS
+
+        rng = np.random.default_rng(seed)
+        count = max(
+            [b + 1 for b in self.bands or () if isinstance(b, int)] + [self.in_channels or 3]
+        )
+        names = [f"band_{i + 1}" for i in range(count)]
+        for i, b in enumerate(self.bands or ()):
+            if isinstance(b, str):
+                names[i] = b
+        size = self.patch_size + self.stride
+        data = rng.integers(0, 10000, size=(count, size, size), dtype=np.uint16)
+        profile = {
+            "crs": CRS.from_epsg(32633),
+            "transform": Affine(10, 0, 300000, 0, -10, 5800000),
+            "descriptions": names,
+            "tags": {"ACQUISITION_DATE": "2020-06-01"},
+        }
+        return RasterArray(data, profile, name="<dummy>")
+
+
+def _invalid(raw: NDArray[Any], nodata: float | None) -> NDArray[np.bool_] | None:
+    """(rows, width) mask of pixels where any band is nodata or NaN; None if there are none."""
+    bad = None
+    if raw.dtype.kind == "f":
+        bad = np.isnan(raw).any(axis=0)
+    if nodata is not None and not np.isnan(nodata):
+        eq = (raw == nodata).any(axis=0)
+        bad = eq if bad is None else bad | eq
+    return bad
+
+
+def _check_same_grid(first: RasterInfo, others: Sequence[RasterInfo]) -> None:
+    for info in others:
+        if (info.width, info.height) != (first.width, first.height):
+            raise InputError(
+                f"{info.name} is {info.width}x{info.height} but {first.name} is "
+                f"{first.width}x{first.height}; dates of one place must share one grid"
+            )
+        if info.crs != first.crs or not info.transform.almost_equals(first.transform):
+            raise InputError(
+                f"{info.name}: CRS or transform differs from {first.name}; "
+                "dates of one place must share one grid"
+            )

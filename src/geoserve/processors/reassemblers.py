@@ -1,0 +1,177 @@
+"""Built-in output processors: class maps, class probabilities, and raw values.
+
+Segmentation models return per-class logits. Overlaps are blended on the logits; the class map
+is their argmax and the probabilities their softmax, so the two outputs always agree. Class maps
+are uint8 (uint16 past 254 classes) with a colour table, and a nodata value one past the last
+class code range (255 / 65535), so nodata never collides with a class.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+
+from geoserve.errors import ConfigError
+from geoserve.processors.base import OUTPUT_KINDS, OutputKind, OutputProcessor, RasterContext
+from geoserve.raster.write import OutputRaster
+
+#: Default class colours (RGB), cycled when a model declares more classes.
+PALETTE: tuple[tuple[int, int, int], ...] = (
+    (230, 230, 220),
+    (31, 120, 220),
+    (60, 170, 60),
+    (230, 90, 40),
+    (250, 200, 30),
+    (150, 80, 190),
+    (120, 120, 120),
+    (20, 200, 200),
+    (240, 120, 200),
+    (140, 90, 40),
+)
+
+
+def _check_kind(kind: str, allowed: Sequence[str], what: str) -> None:
+    if kind not in OUTPUT_KINDS:
+        raise ConfigError(f"invalid output kind {kind!r}; choose one of {', '.join(OUTPUT_KINDS)}")
+    if kind not in allowed:
+        raise ConfigError(f"{what} cannot produce {kind!r} output; it offers {', '.join(allowed)}")
+
+
+@dataclass(frozen=True)
+class SegmentationReassembler(OutputProcessor):
+    """Output processor for semantic segmentation (the model returns one logit per class).
+
+    Args:
+        classes: Class names, in the order of the model's output channels.
+        colors: One RGB colour per class for the class map's colour table.
+        kind: ``classes`` (uint8 class map), ``probabilities`` (float32, one band per class) or
+            ``raw`` (blended float32 logits).
+    """
+
+    classes: tuple[str, ...] = ()
+    colors: tuple[tuple[int, int, int], ...] | None = None
+    kind: OutputKind = "classes"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "classes", tuple(self.classes))
+        if len(self.classes) < 1:
+            raise ConfigError("SegmentationReassembler needs at least one class name")
+        if self.colors is not None:
+            object.__setattr__(self, "colors", tuple(tuple(c) for c in self.colors))
+            if len(self.colors) != len(self.classes):
+                raise ConfigError(
+                    f"{len(self.colors)} colors for {len(self.classes)} classes"
+                )
+        _check_kind(self.kind, OUTPUT_KINDS, "segmentation")
+
+    @property
+    def out_channels(self) -> int:
+        """One logit per class."""
+        return len(self.classes)
+
+    def for_kind(self, kind: str) -> SegmentationReassembler:
+        """Same classes, another output kind."""
+        _check_kind(kind, OUTPUT_KINDS, "segmentation")
+        return dataclasses.replace(self, kind=kind)  # type: ignore[arg-type]
+
+    def finalize(
+        self,
+        blended: NDArray[np.float32],
+        valid: NDArray[np.bool_] | None,
+        ctx: RasterContext,
+    ) -> OutputRaster:
+        """Argmax, softmax or pass-through of the blended logits; nodata where input is."""
+        masked = valid is not None or ctx.has_nodata
+        tags = {"CLASS_NAMES": ",".join(self.classes), "GEOSERVE_OUTPUT": self.kind}
+        if self.kind == "classes":
+            n = len(self.classes)
+            dtype = np.uint8 if n < 255 else np.uint16
+            nodata = int(np.iinfo(dtype).max)
+            out = blended.argmax(axis=0).astype(dtype)[np.newaxis]
+            if valid is not None:
+                out[0, ~valid] = nodata
+            colors = self.colors or tuple(PALETTE[i % len(PALETTE)] for i in range(n))
+            cmap = {i: (*c, 255) for i, c in enumerate(colors)} if dtype == np.uint8 else None
+            if cmap is not None and masked:
+                cmap[nodata] = (0, 0, 0, 0)
+            return OutputRaster(
+                out, nodata if masked else None, ("class",), colormap=cmap, tags=tags
+            )
+        values = _softmax(blended) if self.kind == "probabilities" else blended
+        names = self.classes if self.kind == "probabilities" else tuple(
+            f"logit_{c}" for c in self.classes
+        )
+        return _float_output(values, valid, masked, names, tags)
+
+
+@dataclass(frozen=True)
+class RawReassembler(OutputProcessor):
+    """Output processor for regression, reconstruction and other float outputs.
+
+    Args:
+        band_names: Output band descriptions; ``None`` reuses the input band names when the
+            counts match (identity, reconstruction), else ``band_1 ...``.
+        channels: Number of output channels the model must return, if fixed.
+    """
+
+    band_names: tuple[str, ...] | None = None
+    channels: int | None = None
+    kind: OutputKind = "raw"
+
+    def __post_init__(self) -> None:
+        if self.band_names is not None:
+            object.__setattr__(self, "band_names", tuple(self.band_names))
+            if self.channels is not None and len(self.band_names) != self.channels:
+                raise ConfigError(f"{len(self.band_names)} band names for {self.channels} channels")
+        _check_kind(self.kind, ("raw",), "a raw-output model")
+
+    @property
+    def out_channels(self) -> int | None:
+        """The configured channel count, if any."""
+        if self.channels is not None:
+            return self.channels
+        return len(self.band_names) if self.band_names is not None else None
+
+    def for_kind(self, kind: str) -> RawReassembler:
+        """Only ``raw`` is possible."""
+        _check_kind(kind, ("raw",), "a raw-output model")
+        return self
+
+    def finalize(
+        self,
+        blended: NDArray[np.float32],
+        valid: NDArray[np.bool_] | None,
+        ctx: RasterContext,
+    ) -> OutputRaster:
+        """Blended values as float32 bands; NaN where the input is nodata."""
+        n = blended.shape[0]
+        if self.band_names is not None:
+            names: tuple[str, ...] = self.band_names
+        elif len(ctx.band_names) == n:
+            names = ctx.band_names
+        else:
+            names = tuple(f"band_{i + 1}" for i in range(n))
+        masked = valid is not None or ctx.has_nodata
+        return _float_output(blended, valid, masked, names, {"GEOSERVE_OUTPUT": "raw"})
+
+
+def _softmax(x: NDArray[np.float32]) -> NDArray[np.float32]:
+    e = np.exp(x - x.max(axis=0, keepdims=True))
+    return (e / e.sum(axis=0, keepdims=True)).astype(np.float32)
+
+
+def _float_output(
+    values: NDArray[np.float32],
+    valid: NDArray[np.bool_] | None,
+    masked: bool,
+    names: Sequence[str],
+    tags: dict[str, str],
+) -> OutputRaster:
+    out = values.astype(np.float32, copy=False)
+    if valid is not None:
+        out[:, ~valid] = np.nan
+    return OutputRaster(out, float("nan") if masked else None, tuple(names), tags=tags)

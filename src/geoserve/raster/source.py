@@ -1,0 +1,301 @@
+"""Opening request inputs as rasters, and reading them a band of rows at a time.
+
+An input is a path, GeoTIFF ``bytes``, a base64 string of those bytes, or a
+:class:`RasterArray` (a numpy array with a rasterio-style profile). Whatever the form, it becomes
+a :class:`RasterSource`, which exposes the metadata (:class:`RasterInfo`) and one read method,
+:meth:`RasterSource.read_rows`. Reading a band of rows at a time (never the whole scene) is the
+seam that the streaming pipeline extends: memory grows with the scene's width, not its area.
+
+Bytes go through rasterio's ``MemoryFile``; no temporary files.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import os
+import re
+import warnings
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import rasterio
+from affine import Affine
+from numpy.typing import NDArray
+from rasterio.errors import RasterioError
+from rasterio.io import MemoryFile
+from rasterio.windows import Window
+
+from geoserve.errors import BandMismatchError, InputError, NotGeoreferencedWarning, RasterReadError
+
+DataFormat = Literal["auto", "path", "bytes", "b64"]
+
+
+@dataclass(frozen=True)
+class RasterArray:
+    """An in-memory raster: ``data`` is (bands, height, width); ``profile`` as rasterio's.
+
+    The profile may hold ``crs``, ``transform``, ``nodata`` and ``descriptions`` (band names);
+    missing keys mean "not georeferenced" / "no nodata" / "unnamed bands".
+    """
+
+    data: NDArray[Any]
+    profile: Mapping[str, Any] = field(default_factory=dict)
+    name: str = "<array>"
+
+
+RasterLike = str | os.PathLike[str] | bytes | RasterArray
+
+
+@dataclass(frozen=True)
+class RasterInfo:
+    """Metadata of one input raster, read once when the request is admitted."""
+
+    name: str
+    width: int
+    height: int
+    count: int
+    dtype: str
+    crs: Any
+    transform: Affine
+    nodata: float | None
+    descriptions: tuple[str | None, ...]
+    tags: Mapping[str, str]
+    profile: Mapping[str, Any]
+
+    @property
+    def is_georeferenced(self) -> bool:
+        """Whether the raster has a CRS and a non-identity transform."""
+        return self.crs is not None and self.transform != Affine.identity()
+
+
+class RasterSource(ABC):
+    """An opened input raster that is read by bands of rows."""
+
+    info: RasterInfo
+
+    @abstractmethod
+    def read_rows(self, row_start: int, row_stop: int, bands: Sequence[int]) -> NDArray[Any]:
+        """Read rows ``[row_start, row_stop)`` of the 0-based ``bands``, full width.
+
+        Returns an array of shape (len(bands), row_stop - row_start, width) in the file dtype.
+
+        Raises:
+            RasterReadError: if the data cannot be decoded (truncated or corrupt file).
+        """
+
+    def close(self) -> None:
+        """Release the underlying dataset."""
+
+    def __enter__(self) -> RasterSource:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _check_dtype(name: str, dtype: str) -> None:
+    kind = np.dtype(dtype).kind
+    if kind not in "uif":
+        raise InputError(f"{name}: data type {dtype} is not supported; need integer or float bands")
+
+
+def _warn_if_not_georeferenced(info: RasterInfo) -> None:
+    if not info.is_georeferenced:
+        warnings.warn(
+            f"{info.name}: no CRS or geotransform; the output will not be georeferenced either",
+            NotGeoreferencedWarning,
+            stacklevel=4,
+        )
+
+
+class DatasetSource(RasterSource):
+    """A source backed by a rasterio dataset (a file, or bytes in a ``MemoryFile``)."""
+
+    def __init__(self, name: str, path: str | None = None, data: bytes | None = None) -> None:
+        self._memfile: MemoryFile | None = None
+        try:
+            if data is not None:
+                self._memfile = MemoryFile(data)
+                self._ds = self._memfile.open()
+            else:
+                self._ds = rasterio.open(path)
+        except RasterioError as exc:
+            self.close()
+            raise RasterReadError(f"{name}: not a readable raster ({exc})") from exc
+        ds = self._ds
+        self.info = RasterInfo(
+            name=name,
+            width=ds.width,
+            height=ds.height,
+            count=ds.count,
+            dtype=ds.dtypes[0],
+            crs=ds.crs,
+            transform=ds.transform,
+            nodata=ds.nodata,
+            descriptions=tuple(ds.descriptions),
+            tags=ds.tags(),
+            profile=dict(ds.profile),
+        )
+        try:
+            _check_dtype(name, self.info.dtype)
+        except InputError:
+            self.close()
+            raise
+        _warn_if_not_georeferenced(self.info)
+
+    def read_rows(self, row_start: int, row_stop: int, bands: Sequence[int]) -> NDArray[Any]:
+        """See :meth:`RasterSource.read_rows`."""
+        window = Window(0, row_start, self.info.width, row_stop - row_start)
+        try:
+            out: NDArray[Any] = self._ds.read([b + 1 for b in bands], window=window)
+        except RasterioError as exc:
+            raise RasterReadError(
+                f"{self.info.name}: cannot read rows {row_start}-{row_stop} ({exc}); "
+                "the file may be truncated or corrupt"
+            ) from exc
+        return out
+
+    def close(self) -> None:
+        """Close the dataset and its memory file."""
+        ds = getattr(self, "_ds", None)
+        if ds is not None:
+            ds.close()
+        if self._memfile is not None:
+            self._memfile.close()
+
+
+class ArraySource(RasterSource):
+    """A source backed by a :class:`RasterArray`."""
+
+    def __init__(self, raster: RasterArray) -> None:
+        data = np.asarray(raster.data)
+        if data.ndim == 2:
+            data = data[np.newaxis]
+        if data.ndim != 3:
+            raise InputError(
+                f"{raster.name}: array must be (bands, height, width), got shape {data.shape}"
+            )
+        _check_dtype(raster.name, str(data.dtype))
+        prof = dict(raster.profile)
+        count, height, width = data.shape
+        descriptions = tuple(prof.pop("descriptions", None) or (None,) * count)
+        if len(descriptions) != count:
+            raise InputError(
+                f"{raster.name}: {len(descriptions)} band descriptions for {count} bands"
+            )
+        self._data = data
+        self.info = RasterInfo(
+            name=raster.name,
+            width=width,
+            height=height,
+            count=count,
+            dtype=str(data.dtype),
+            crs=prof.get("crs"),
+            transform=prof.get("transform") or Affine.identity(),
+            nodata=prof.get("nodata"),
+            descriptions=descriptions,
+            tags=dict(prof.pop("tags", {}) or {}),
+            profile={**prof, "count": count, "height": height, "width": width},
+        )
+        _warn_if_not_georeferenced(self.info)
+
+    def read_rows(self, row_start: int, row_stop: int, bands: Sequence[int]) -> NDArray[Any]:
+        """See :meth:`RasterSource.read_rows`."""
+        return self._data[list(bands), row_start:row_stop, :]
+
+
+_B64_CHARS = re.compile(r"^[A-Za-z0-9+/=\s_-]+$")
+
+
+def _decode_b64(text: str) -> bytes:
+    try:
+        return base64.b64decode(text.strip(), validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise InputError(f"input is not valid base64 ({exc})") from exc
+
+
+def open_raster(obj: RasterLike, data_format: DataFormat = "auto") -> RasterSource:
+    """Open one request input.
+
+    ``data_format="auto"`` treats ``bytes`` as a GeoTIFF, a :class:`RasterArray` as itself, an
+    existing path as a path, and any other long base64-looking string as base64.
+
+    Raises:
+        RasterReadError: the file is missing or is not a readable raster.
+        InputError: bad base64, an unsupported data type, or zero width/height.
+    """
+    if isinstance(obj, RasterArray):
+        source: RasterSource = ArraySource(obj)
+    elif isinstance(obj, bytes | bytearray | memoryview):
+        if data_format not in ("auto", "bytes"):
+            raise InputError(f"got bytes but data_format={data_format!r}")
+        source = DatasetSource("<bytes>", data=bytes(obj))
+    elif isinstance(obj, str | os.PathLike):
+        text = os.fspath(obj)
+        if data_format == "b64" or (
+            data_format == "auto"
+            and isinstance(obj, str)
+            and len(text) >= 64
+            and not os.path.exists(text)
+            and _B64_CHARS.match(text[:4096]) is not None
+        ):
+            source = DatasetSource("<base64>", data=_decode_b64(text))
+        else:
+            path = Path(text)
+            if not path.exists():
+                raise RasterReadError(f"{text}: no such file")
+            if path.is_dir():
+                raise RasterReadError(f"{text}: is a directory, not a raster file")
+            source = DatasetSource(text, path=text)
+    else:
+        raise InputError(
+            f"unsupported input of type {type(obj).__name__}; pass a path, GeoTIFF bytes, "
+            "a base64 string or a geoserve.RasterArray"
+        )
+    if source.info.width < 1 or source.info.height < 1:
+        source.close()
+        raise InputError(
+            f"{source.info.name}: image is {source.info.width}x{source.info.height}; "
+            "it has no pixels"
+        )
+    return source
+
+
+def resolve_bands(info: RasterInfo, bands: Sequence[int | str] | None) -> list[int]:
+    """Turn band selectors (0-based indices or band descriptions) into 0-based indices.
+
+    Raises:
+        BandMismatchError: an index out of range, or a name no band carries.
+    """
+    if bands is None:
+        return list(range(info.count))
+    names = [d.lower() if d else None for d in info.descriptions]
+    out: list[int] = []
+    for sel in bands:
+        if isinstance(sel, str) and not sel.lstrip("-").isdigit():
+            try:
+                out.append(names.index(sel.lower()))
+            except ValueError:
+                known = [d for d in info.descriptions if d]
+                listing = (
+                    f"its bands are {', '.join(known)}"
+                    if known
+                    else "its bands have no descriptions; select them by 0-based index"
+                )
+                raise BandMismatchError(
+                    f"{info.name}: no band named {sel!r} ({listing})"
+                ) from None
+        else:
+            idx = int(sel)
+            if not 0 <= idx < info.count:
+                raise BandMismatchError(
+                    f"{info.name} has {info.count} bands; band index {idx} (0-based) "
+                    "does not exist"
+                )
+            out.append(idx)
+    return out

@@ -1,0 +1,94 @@
+"""What the engine returns: request outputs, their payloads and stage timings.
+
+Named after vLLM's IO-processor types (``ImageRequestOutput``) so that code written against
+vLLM's Prithvi plugin reads naturally here. These are plain dataclasses; the HTTP layer converts
+them to JSON itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal, get_args
+
+from geoserve.errors import GeoServeError
+
+if TYPE_CHECKING:
+    import torch
+
+OutFormat = Literal["path", "tensor", "b64", "bytes"]
+OUT_FORMATS: tuple[str, ...] = get_args(OutFormat)
+
+
+@dataclass
+class StageTimings:
+    """Seconds spent on one request in each stage (model time is its share of each batch)."""
+
+    read: float = 0.0
+    model: float = 0.0
+    stitch: float = 0.0
+    write: float = 0.0
+
+    @property
+    def total(self) -> float:
+        """Sum of the stages."""
+        return self.read + self.model + self.stitch + self.write
+
+
+@dataclass
+class ImageOutput:
+    """The result of one image request, in the requested form.
+
+    Exactly one of ``path``, ``tensor``, ``b64`` or ``data`` is set, per ``out_format``.
+    ``tensor`` is the output raster as (bands, H, W) in its output dtype.
+    """
+
+    out_format: OutFormat
+    width: int
+    height: int
+    count: int
+    dtype: str
+    path: Path | None = None
+    tensor: torch.Tensor | None = None
+    b64: str | None = None
+    data: bytes | None = None
+
+
+@dataclass
+class ImageRequestOutput:
+    """One request's outcome: its output, or the error that failed it alone."""
+
+    request_id: str
+    finished: bool = False
+    outputs: ImageOutput | None = None
+    error: GeoServeError | None = None
+    num_patches: int = 0
+    timings: StageTimings = field(default_factory=StageTimings)
+
+    @property
+    def ok(self) -> bool:
+        """Finished without error."""
+        return self.finished and self.error is None
+
+    def raise_for_error(self) -> ImageRequestOutput:
+        """Raise the request's error, if any; return self otherwise."""
+        if self.error is not None:
+            raise self.error
+        return self
+
+
+@dataclass
+class TensorRequestOutput:
+    """Result of :meth:`geoserve.Engine.transform`: the blended raw model output."""
+
+    request_id: str
+    finished: bool = False
+    tensors: torch.Tensor | None = None
+    error: GeoServeError | None = None
+    num_patches: int = 0
+    timings: StageTimings = field(default_factory=StageTimings)
+
+    @property
+    def ok(self) -> bool:
+        """Finished without error."""
+        return self.finished and self.error is None
