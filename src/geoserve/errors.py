@@ -34,10 +34,10 @@ class UnknownNameError(GeoServeError, KeyError):
 
         known = sorted(known)
         close = difflib.get_close_matches(name, known, n=3)
-        hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
+        hint = f" (did you mean {', '.join(map(repr, close))}?)" if close else ""
         listing = ", ".join(known) if known else "(none registered)"
         self.label, self.name, self.known = label, name, known
-        super().__init__(f"unknown {label} {name!r}{hint} known: {listing}")
+        super().__init__(f"unknown {label} {name!r}{hint}; known: {listing}")
 
     def __str__(self) -> str:  # KeyError would otherwise quote the whole message
         return str(self.args[0])

@@ -18,6 +18,7 @@ import logging
 import tempfile
 import time
 import uuid
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, cast
@@ -29,10 +30,12 @@ from numpy.typing import NDArray
 
 from geoserve.engine.request import Patch, Request
 from geoserve.errors import (
+    BandMismatchError,
     ConfigError,
     GeoServeError,
     ModelExecutionError,
     ModelOutputShapeError,
+    NotGeoreferencedWarning,
     ProcessorMismatchError,
     WeightsError,
 )
@@ -224,6 +227,16 @@ class Engine:
             for item in inputs:
                 sources.append(open_raster(item, data_format))
             ctx = proc.prepare(sources)
+        except BandMismatchError as exc:
+            for src in sources:
+                src.close()
+            wanted = getattr(proc, "bands", None)
+            if wanted:
+                raise BandMismatchError(
+                    f"{exc}; model {self.spec.name!r} reads bands "
+                    f"{', '.join(map(str, wanted))} (override with bands= / --bands)"
+                ) from exc
+            raise
         except BaseException:
             for src in sources:
                 src.close()
@@ -271,11 +284,10 @@ class Engine:
 
     def _fill_batch(self) -> list[Patch]:
         batch: list[Patch] = []
-        keys: set[str] | None = None
+        signature: tuple[Any, ...] | None = None
         for req in list(self._active):
-            req_keys = set(req.ctx.model_kwargs)
-            if keys is not None and req_keys != keys:
-                continue  # patches with other model arguments go in a later batch
+            if signature is not None and req.signature != signature:
+                continue  # patches of another shape or other model arguments: a later batch
             while len(batch) < self.max_batch_patches:
                 try:
                     patch = req.pop_patch()
@@ -289,7 +301,7 @@ class Engine:
                 if patch is None:
                     break
                 batch.append(patch)
-                keys = req_keys
+                signature = req.signature
             if len(batch) >= self.max_batch_patches:
                 break
         return batch
@@ -501,21 +513,30 @@ class Engine:
             blend=self.in_proc.blend,  # type: ignore[arg-type]
         )
         ids = []
-        for i, t in enumerate(tensors):
-            rid = uuid.uuid4().hex[:12]
-            arr = t.detach().cpu().float().numpy()
-            if arr.ndim not in (3, 4):
-                self._failed.append(TensorRequestOutput(rid, True, None, ConfigError(
-                    f"tensor {i} has shape {tuple(arr.shape)}; expected (C, H, W) or (C, T, H, W)"
-                )))
-            else:
-                flat = RasterArray(arr.reshape(-1, *arr.shape[-2:]), name=f"<tensor {i}>")
-                req = self._new_request([flat], rid, "tensor", None, in_proc=proc,
-                                        tensor_shape=arr.shape[:-2])
-                self._active.append(req)
-            ids.append(rid)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", NotGeoreferencedWarning)
+            for i, t in enumerate(tensors):
+                ids.append(self._add_tensor(i, t, proc))
         results = {r.request_id: r for r in self.run_until_done()}
         return [cast(TensorRequestOutput, results[i]) for i in ids]
+
+    def _add_tensor(self, i: int, t: torch.Tensor, proc: InputProcessor) -> str:
+        rid = uuid.uuid4().hex[:12]
+        arr = t.detach().cpu().float().numpy()
+        if arr.ndim not in (3, 4):
+            self._failed.append(TensorRequestOutput(rid, True, None, ConfigError(
+                f"tensor {i} has shape {tuple(arr.shape)}; expected (C, H, W) or (C, T, H, W)"
+            )))
+            return rid
+        flat = RasterArray(arr.reshape(-1, *arr.shape[-2:]), name=f"<tensor {i}>")
+        try:
+            req = self._new_request([flat], rid, "tensor", None, in_proc=proc,
+                                    tensor_shape=tuple(arr.shape[:-2]))
+        except GeoServeError as exc:
+            self._failed.append(TensorRequestOutput(rid, True, None, exc))
+            return rid
+        self._active.append(req)
+        return rid
 
 
 def _resolve_dtype(dtype: torch.dtype | str | None) -> torch.dtype | None:

@@ -72,9 +72,16 @@ class Request:
         return not self.rows_left and not self.queue and self.in_flight == 0
 
     @property
-    def model_kwargs(self) -> dict[str, Any]:
-        """Per-request model keyword arrays (no batch axis)."""
-        return dict(self.ctx.model_kwargs)
+    def signature(self) -> tuple[Any, ...]:
+        """What must match for patches to share a batch: patch shape and model arguments."""
+        p = self.ctx.grid.patch_size
+        if self.tensor_shape is not None:
+            shape: tuple[int, ...] = (*self.tensor_shape, p, p)
+        elif self.in_proc.num_frames > 1:
+            shape = (len(self.ctx.bands), self.in_proc.num_frames, p, p)
+        else:
+            shape = (len(self.ctx.bands), p, p)
+        return shape, tuple(sorted(self.ctx.model_kwargs))
 
     def pop_patch(self) -> Patch | None:
         """The next patch, reading grid rows as needed; None when no patches remain.

@@ -37,7 +37,7 @@ def centre_lonlat(info: RasterInfo) -> tuple[float, float]:
     """
     if not info.is_georeferenced:
         raise InputError(f"{info.name}: not georeferenced, so it has no location for the model")
-    x, y = info.transform * (info.width / 2, info.height / 2)
+    x, y = info.transform @ (info.width / 2, info.height / 2)
     lons, lats = warp_transform(info.crs, "EPSG:4326", [x], [y])
     return float(lons[0]), float(lats[0])
 

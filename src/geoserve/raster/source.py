@@ -24,6 +24,7 @@ from typing import Any, Literal
 
 import numpy as np
 import rasterio
+import rasterio.errors
 from affine import Affine
 from numpy.typing import NDArray
 from rasterio.errors import RasterioError
@@ -104,6 +105,11 @@ def _check_dtype(name: str, dtype: str) -> None:
         raise InputError(f"{name}: data type {dtype} is not supported; need integer or float bands")
 
 
+def _check_size(info: RasterInfo) -> None:
+    if info.width < 1 or info.height < 1:
+        raise InputError(f"{info.name}: image is {info.width}x{info.height}; it has no pixels")
+
+
 def _warn_if_not_georeferenced(info: RasterInfo) -> None:
     if not info.is_georeferenced:
         warnings.warn(
@@ -119,11 +125,13 @@ class DatasetSource(RasterSource):
     def __init__(self, name: str, path: str | None = None, data: bytes | None = None) -> None:
         self._memfile: MemoryFile | None = None
         try:
-            if data is not None:
-                self._memfile = MemoryFile(data)
-                self._ds = self._memfile.open()
-            else:
-                self._ds = rasterio.open(path)
+            with warnings.catch_warnings():  # geoserve issues its own, naming the input
+                warnings.simplefilter("ignore", rasterio.errors.NotGeoreferencedWarning)
+                if data is not None:
+                    self._memfile = MemoryFile(data)
+                    self._ds = self._memfile.open()
+                else:
+                    self._ds = rasterio.open(path)
         except RasterioError as exc:
             self.close()
             raise RasterReadError(f"{name}: not a readable raster ({exc})") from exc
@@ -143,6 +151,7 @@ class DatasetSource(RasterSource):
         )
         try:
             _check_dtype(name, self.info.dtype)
+            _check_size(self.info)
         except InputError:
             self.close()
             raise
@@ -202,6 +211,7 @@ class ArraySource(RasterSource):
             tags=dict(prof.pop("tags", {}) or {}),
             profile={**prof, "count": count, "height": height, "width": width},
         )
+        _check_size(self.info)
         _warn_if_not_georeferenced(self.info)
 
     def read_rows(self, row_start: int, row_stop: int, bands: Sequence[int]) -> NDArray[Any]:
@@ -256,12 +266,6 @@ def open_raster(obj: RasterLike, data_format: DataFormat = "auto") -> RasterSour
         raise InputError(
             f"unsupported input of type {type(obj).__name__}; pass a path, GeoTIFF bytes, "
             "a base64 string or a geoserve.RasterArray"
-        )
-    if source.info.width < 1 or source.info.height < 1:
-        source.close()
-        raise InputError(
-            f"{source.info.name}: image is {source.info.width}x{source.info.height}; "
-            "it has no pixels"
         )
     return source
 

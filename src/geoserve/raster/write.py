@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import rasterio
+from affine import Affine
 from numpy.typing import NDArray
 from rasterio.errors import RasterioError
 from rasterio.io import MemoryFile
@@ -57,9 +58,11 @@ def output_profile(source_profile: Mapping[str, Any], out: OutputRaster) -> dict
         "interleave": "band" if count > 1 else "pixel",
         "BIGTIFF": "IF_SAFER",
     }
-    for key in ("crs", "transform"):
-        if source_profile.get(key) is not None:
-            profile[key] = source_profile[key]
+    if source_profile.get("crs") is not None:
+        profile["crs"] = source_profile["crs"]
+    transform = source_profile.get("transform")
+    if transform is not None and transform != Affine.identity():
+        profile["transform"] = transform
     return profile
 
 

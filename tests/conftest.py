@@ -1,0 +1,91 @@
+"""Shared fixtures: tiny GeoTIFF factories, the real sample files, and test-only models."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import rasterio
+from affine import Affine
+from rasterio.crs import CRS
+
+import tests.models  # noqa: F401  (registers the test-only models)
+
+SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+LAKE = SHARED_DATA / "S2_L1C_T33UUU_20170216T102101_13band_10m.tif"
+FLOOD = SHARED_DATA / "Spain_7370579_S2Hand.tif"
+FLOOD_LABEL = SHARED_DATA / "Spain_7370579_LabelHand.tif"
+HLS = SHARED_DATA / "terratorch_hls_10band_224.tif"
+RGB = SHARED_DATA / "RGB.byte.tif"
+
+UTM_TRANSFORM = Affine(10.0, 0.0, 399960.5, 0.0, -10.0, 5800020.25)  # non-integer origin
+
+
+def write_geotiff(
+    path: Path,
+    data: np.ndarray,
+    *,
+    crs: Any = "EPSG:32633",
+    transform: Affine | None = UTM_TRANSFORM,
+    nodata: float | None = None,
+    descriptions: Sequence[str] | None = None,
+    tags: dict[str, str] | None = None,
+    **profile: Any,
+) -> Path:
+    """Write (bands, H, W) ``data`` as a GeoTIFF and return its path."""
+    count, height, width = data.shape
+    kwargs: dict[str, Any] = {
+        "driver": "GTiff", "width": width, "height": height, "count": count,
+        "dtype": data.dtype.name, "nodata": nodata, **profile,
+    }
+    if crs is not None:
+        kwargs["crs"] = CRS.from_user_input(crs)
+    if transform is not None:
+        kwargs["transform"] = transform
+    with rasterio.open(path, "w", **kwargs) as dst:
+        dst.write(data)
+        for i, d in enumerate(descriptions or (), start=1):
+            dst.set_band_description(i, d)
+        if tags:
+            dst.update_tags(**tags)
+    return path
+
+
+@pytest.fixture
+def make_geotiff(tmp_path: Path) -> Callable[..., Path]:
+    """Factory: ``make_geotiff(bands=3, height=40, width=50, dtype="uint16", ...)``.
+
+    Values are unique per pixel and band (an arange), so any misplaced pixel shows.
+    """
+    counter = iter(range(10_000))
+
+    def make(
+        bands: int = 3,
+        height: int = 40,
+        width: int = 50,
+        dtype: str = "uint16",
+        data: np.ndarray | None = None,
+        name: str | None = None,
+        **kwargs: Any,
+    ) -> Path:
+        if data is None:
+            n = bands * height * width
+            data = (np.arange(n) % 60000 + 1).reshape(bands, height, width).astype(dtype)
+        path = tmp_path / (name or f"img{next(counter)}.tif")
+        return write_geotiff(path, data, **kwargs)
+
+    return make
+
+
+def read(path: Path | str) -> tuple[np.ndarray, dict[str, Any]]:
+    """Read all bands and the profile of a GeoTIFF."""
+    with rasterio.open(path) as src:
+        return src.read(), dict(src.profile)
+
+
+def needs_shared(path: Path) -> Any:
+    """Mark for tests that need a file from ../shared/data."""
+    return pytest.mark.skipif(not path.exists(), reason=f"{path} not present")

@@ -1,0 +1,92 @@
+"""Test-only models, registered like plugin models."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from geoserve import (
+    INPUT_REGISTRY,
+    MODEL_REGISTRY,
+    OUTPUT_REGISTRY,
+    GeoTiffPatcher,
+    RawReassembler,
+    SegmentationReassembler,
+)
+
+BOX_RADIUS = 3
+
+
+@MODEL_REGISTRY.register_model("test-box")
+@INPUT_REGISTRY.register_input_processor(
+    GeoTiffPatcher(bands=(0,), patch_size=32, stride=24, blend="center")
+)
+@OUTPUT_REGISTRY.register_output_processor(RawReassembler(channels=1))
+class BoxFilter(nn.Module):
+    """BOX_RADIUS passes of an all-ones 3x3 filter with zero padding: receptive radius 3.
+
+    Translation-equivariant, and exact in float32 on small integers.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(1, 1, 3, padding=1, bias=False)
+        nn.init.ones_(self.conv.weight)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for _ in range(BOX_RADIUS):
+            x = self.conv(x)
+        return x
+
+
+@MODEL_REGISTRY.register_model("test-seg")
+@INPUT_REGISTRY.register_input_processor(
+    GeoTiffPatcher(bands=(0, 1, 2), mean=(100.0, 200.0, 300.0), std=(50.0, 60.0, 70.0),
+                   patch_size=16, stride=12, blend="cosine")
+)
+@OUTPUT_REGISTRY.register_output_processor(
+    SegmentationReassembler(classes=("a", "b", "c", "d"))
+)
+class TinySeg(nn.Module):
+    """Seeded 3x3 conv, 3 bands -> 4 class logits."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        g = torch.Generator().manual_seed(0)
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        with torch.no_grad():
+            self.conv.weight.copy_(torch.randn(self.conv.weight.shape, generator=g))
+            self.conv.bias.copy_(torch.randn(4, generator=g))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv(x)
+
+
+@MODEL_REGISTRY.register_model("test-fragile")
+@INPUT_REGISTRY.register_input_processor(GeoTiffPatcher(patch_size=16, stride=16, blend="none"))
+@OUTPUT_REGISTRY.register_output_processor(RawReassembler())
+class Fragile(nn.Module):
+    """Identity that raises on any patch holding a value above 1e6 (a poisoned input)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if bool((x > 1e6).any()):
+            raise RuntimeError("poisoned patch")
+        return x
+
+
+@MODEL_REGISTRY.register_model("test-coords")
+@INPUT_REGISTRY.register_input_processor(
+    GeoTiffPatcher(bands=(0,), patch_size=16, stride=16, blend="none", num_frames=2, coords=True)
+)
+@OUTPUT_REGISTRY.register_output_processor(RawReassembler())
+class CoordsEcho(nn.Module):
+    """Outputs, per patch, bands encoding what it received: value of (band 0, date t), year,
+    day of year, lon, lat."""
+
+    def forward(
+        self, x: torch.Tensor, temporal_coords: torch.Tensor, location_coords: torch.Tensor
+    ) -> torch.Tensor:
+        b, _, t, h, w = x.shape
+        extra = torch.cat([temporal_coords.reshape(b, -1), location_coords], dim=1)
+        planes = extra[:, :, None, None].expand(b, extra.shape[1], h, w)
+        return torch.cat([x[:, 0], planes], dim=1)
