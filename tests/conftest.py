@@ -12,7 +12,7 @@ import rasterio
 from affine import Affine
 from rasterio.crs import CRS
 
-import tests.models  # noqa: F401  (registers the test-only models)
+import tests.stub_models  # noqa: F401  (registers the test-only models)
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 LAKE = SHARED_DATA / "S2_L1C_T33UUU_20170216T102101_13band_10m.tif"

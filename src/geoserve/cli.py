@@ -130,6 +130,8 @@ def _cmd_predict(args: argparse.Namespace) -> int:
         patches += result.num_patches
         if result.error is not None:
             failed += 1
+            if args.debug:
+                traceback.print_exception(result.error)
             print(f"geoserve: error: {result.error}", file=sys.stderr)
         elif not args.quiet:
             o = result.outputs

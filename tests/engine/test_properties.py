@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from geoserve import Engine, RasterArray
 from tests.conftest import read, write_geotiff
-from tests.models import BOX_RADIUS
+from tests.stub_models import BOX_RADIUS
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -1,0 +1,30 @@
+"""Runs once per registered model: dummy input -> patches -> model -> output raster."""
+
+import numpy as np
+import pytest
+
+from geoserve import MODEL_REGISTRY, Engine, load_plugins
+from geoserve.raster import open_raster
+
+load_plugins()
+MODELS = [name for name, spec in MODEL_REGISTRY.items() if not spec.weights_required]
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_model_runs_on_its_dummy_input(name, tmp_path):
+    engine = Engine(name)
+    dummy = engine.in_proc.dummy_input(seed=1)
+    inputs = [dummy] * engine.in_proc.num_frames
+    out = engine.generate_image([inputs], output_path=tmp_path)[0].raise_for_error()
+    with open_raster(out.outputs.path) as result:
+        info = result.info
+        assert (info.height, info.width) == dummy.data.shape[1:]
+        assert info.crs == dummy.profile["crs"]
+        assert info.transform == dummy.profile["transform"]
+        data = result.read_rows(0, info.height, list(range(info.count)))
+    assert np.isfinite(data.astype(np.float64)).all()
+    expected = engine.out_proc.out_channels
+    if engine.out_proc.kind == "classes":
+        assert info.count == 1 and int(data.max()) < expected
+    elif expected is not None:
+        assert info.count == expected
