@@ -38,8 +38,13 @@ def write_geotiff(
     """Write (bands, H, W) ``data`` as a GeoTIFF and return its path."""
     count, height, width = data.shape
     kwargs: dict[str, Any] = {
-        "driver": "GTiff", "width": width, "height": height, "count": count,
-        "dtype": data.dtype.name, "nodata": nodata, **profile,
+        "driver": "GTiff",
+        "width": width,
+        "height": height,
+        "count": count,
+        "dtype": data.dtype.name,
+        "nodata": nodata,
+        **profile,
     }
     if crs is not None:
         kwargs["crs"] = CRS.from_user_input(crs)

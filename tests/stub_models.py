@@ -41,12 +41,16 @@ class BoxFilter(nn.Module):
 
 @MODEL_REGISTRY.register_model("test-seg")
 @INPUT_REGISTRY.register_input_processor(
-    GeoTiffPatcher(bands=(0, 1, 2), mean=(100.0, 200.0, 300.0), std=(50.0, 60.0, 70.0),
-                   patch_size=16, stride=12, blend="cosine")
+    GeoTiffPatcher(
+        bands=(0, 1, 2),
+        mean=(100.0, 200.0, 300.0),
+        std=(50.0, 60.0, 70.0),
+        patch_size=16,
+        stride=12,
+        blend="cosine",
+    )
 )
-@OUTPUT_REGISTRY.register_output_processor(
-    SegmentationReassembler(classes=("a", "b", "c", "d"))
-)
+@OUTPUT_REGISTRY.register_output_processor(SegmentationReassembler(classes=("a", "b", "c", "d")))
 class TinySeg(nn.Module):
     """Seeded 3x3 conv, 3 bands -> 4 class logits."""
 

@@ -6,7 +6,6 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import pytest
 import rasterio
 
 from tests.conftest import FLOOD, LAKE, RGB, needs_shared
@@ -14,8 +13,12 @@ from tests.conftest import FLOOD, LAKE, RGB, needs_shared
 
 def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "geoserve", *args], capture_output=True, text=True, cwd=cwd,
-        env={**os.environ, "PYTHONWARNINGS": "default"}, timeout=300,
+        [sys.executable, "-m", "geoserve", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env={**os.environ, "PYTHONWARNINGS": "default"},
+        timeout=300,
     )
 
 
@@ -42,7 +45,8 @@ def test_unknown_model_exit_1_lists_models(tmp_path):
     res = run("predict", "x.tif", "-o", str(tmp_path / "o.tif"), "--model", "ndwi-watr")
     assert res.returncode == 1
     assert "unknown model 'ndwi-watr' (did you mean 'ndwi-water'?)" in res.stderr
-    assert "identity" in res.stderr and "Traceback" not in res.stderr
+    assert "identity" in res.stderr
+    assert "Traceback" not in res.stderr
 
 
 @needs_shared(RGB)
@@ -50,27 +54,40 @@ def test_wrong_bands_exit_1_names_file_band_and_model(tmp_path):
     res = run("predict", str(RGB), "-o", str(tmp_path / "o.tif"), "--model", "ndwi-water")
     assert res.returncode == 1
     assert "RGB.byte.tif: no band named 'B3'" in res.stderr
-    assert "'ndwi-water'" in res.stderr and "Traceback" not in res.stderr
+    assert "'ndwi-water'" in res.stderr
+    assert "Traceback" not in res.stderr
     assert not (tmp_path / "o.tif").exists()
 
 
 @needs_shared(RGB)
 def test_debug_shows_traceback(tmp_path):
     res = run("--debug", "predict", str(RGB), "-o", str(tmp_path / "o.tif"))
-    assert res.returncode == 1 and "Traceback" in res.stderr
+    assert res.returncode == 1
+    assert "Traceback" in res.stderr
 
 
 def test_usage_error_exit_2(tmp_path):
     assert run("predict").returncode == 2
     res = run("predict", "a.tif", "-o", "b.tif", "--blend", "gauss")
-    assert res.returncode == 2 and "invalid choice" in res.stderr
+    assert res.returncode == 2
+    assert "invalid choice" in res.stderr
     assert run("predict", "a.tif", "-o", "b.tif", "--batch-size", "0").returncode == 2
 
 
 def test_bad_option_value_exit_1(tmp_path, make_geotiff):
     src = make_geotiff(bands=3)
-    res = run("predict", str(src), "-o", str(tmp_path / "o.tif"), "--model", "identity",
-              "--patch-size", "16", "--stride", "32")
+    res = run(
+        "predict",
+        str(src),
+        "-o",
+        str(tmp_path / "o.tif"),
+        "--model",
+        "identity",
+        "--patch-size",
+        "16",
+        "--stride",
+        "32",
+    )
     assert res.returncode == 1
     assert "invalid stride: 32" in res.stderr
 
@@ -88,15 +105,27 @@ def test_models_lists_builtins():
 def test_several_inputs_one_bad_summary_and_exit_1(tmp_path, make_geotiff):
     other = make_geotiff(bands=3, descriptions=["B2", "B3", "B8"], name="small.tif")
     outdir = tmp_path / "out"
-    res = run("predict", str(FLOOD), str(tmp_path / "nope.tif"), str(other),
-              "-o", str(outdir), "--output-kind", "probabilities", "--blend", "cosine",
-              "--stride", "160")
+    res = run(
+        "predict",
+        str(FLOOD),
+        str(tmp_path / "nope.tif"),
+        str(other),
+        "-o",
+        str(outdir),
+        "--output-kind",
+        "probabilities",
+        "--blend",
+        "cosine",
+        "--stride",
+        "160",
+    )
     assert res.returncode == 1
     assert "nope.tif: no such file" in res.stderr
     assert "2 of 3 inputs done, 1 failed" in res.stdout
     with rasterio.open(outdir / "Spain_7370579_S2Hand_pred.tif") as dst:
         probs = dst.read()
-        assert dst.count == 2 and dst.descriptions == ("not water", "water")
+        assert dst.count == 2
+        assert dst.descriptions == ("not water", "water")
     valid = ~np.isnan(probs[0])
     np.testing.assert_allclose(probs[:, valid].sum(0), 1, rtol=1e-5)
     assert (outdir / "small_pred.tif").exists()

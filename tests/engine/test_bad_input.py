@@ -39,8 +39,12 @@ def test_not_a_raster(identity, tmp_path):
 
 def test_truncated_tiff(identity, make_geotiff, tmp_path):
     rng = np.random.default_rng(0)
-    src = make_geotiff(data=rng.integers(0, 60000, (3, 200, 200)).astype(np.uint16),
-                       name="full.tif", compress="deflate", tiled=True)
+    src = make_geotiff(
+        data=rng.integers(0, 60000, (3, 200, 200)).astype(np.uint16),
+        name="full.tif",
+        compress="deflate",
+        tiled=True,
+    )
     raw = src.read_bytes()
     cut = tmp_path / "cut.tif"
     cut.write_bytes(raw[: len(raw) // 2])
@@ -63,8 +67,9 @@ def test_corrupt_header(identity, tmp_path, make_geotiff):
 
 def test_zero_size_image(identity):
     with pytest.raises(InputError, match="0x5; it has no pixels"):
-        identity.generate_image(RasterArray(np.zeros((1, 5, 0), dtype=np.uint8),
-                                            {"crs": "EPSG:4326"}))
+        identity.generate_image(
+            RasterArray(np.zeros((1, 5, 0), dtype=np.uint8), {"crs": "EPSG:4326"})
+        )
 
 
 def test_fewer_bands_than_the_model_needs(make_geotiff):
@@ -131,11 +136,14 @@ def test_model_failure_fails_only_that_batch(make_geotiff):
     fine = np.arange(16 * 16, dtype=np.float32).reshape(1, 16, 16)
     engine = Engine("test-fragile", max_batch_patches=1)
     prof = {"crs": "EPSG:4326", "transform": (1, 0, 0, 0, -1, 0)}
-    outs = engine.generate_image([RasterArray(fine, prof), RasterArray(poisoned, prof),
-                                  RasterArray(fine, prof)], out_format="tensor")
+    outs = engine.generate_image(
+        [RasterArray(fine, prof), RasterArray(poisoned, prof), RasterArray(fine, prof)],
+        out_format="tensor",
+    )
     assert [o.ok for o in outs] == [True, False, True]
     assert isinstance(outs[1].error, ModelExecutionError)
-    assert "test-fragile" in str(outs[1].error) and "poisoned patch" in str(outs[1].error)
+    assert "test-fragile" in str(outs[1].error)
+    assert "poisoned patch" in str(outs[1].error)
     np.testing.assert_array_equal(outs[2].outputs.tensor.numpy(), fine)
     # the engine keeps serving afterwards
     again = engine.generate_image(RasterArray(fine, prof), out_format="tensor")
@@ -143,7 +151,8 @@ def test_model_failure_fails_only_that_batch(make_geotiff):
 
 
 def test_errors_are_geoserve_errors_and_builtins():
-    assert issubclass(RasterReadError, GeoServeError) and issubclass(RasterReadError, OSError)
+    assert issubclass(RasterReadError, GeoServeError)
+    assert issubclass(RasterReadError, OSError)
     assert issubclass(BandMismatchError, ValueError)
 
 
@@ -167,6 +176,8 @@ def test_nan_pixels_are_nodata_in_float_output(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", NotGeoreferencedWarning)
         out = Engine("identity", patch_size=8, stride=8, blend="none").generate_image(
-            RasterArray(image), out_format="tensor")
+            RasterArray(image), out_format="tensor"
+        )
     y = out.outputs.tensor.numpy()
-    assert np.isnan(y[0, 3, 4]) and np.isfinite(np.delete(y.ravel(), 3 * 20 + 4)).all()
+    assert np.isnan(y[0, 3, 4])
+    assert np.isfinite(np.delete(y.ravel(), 3 * 20 + 4)).all()

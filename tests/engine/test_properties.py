@@ -23,8 +23,14 @@ def test_identity_center_reproduces_input_exactly(h, w, patch, data):
     batch = data.draw(st.integers(1, 70))
     rng = np.random.default_rng(h * 1000 + w)
     image = rng.integers(0, 65535, size=(2, h, w), dtype=np.uint16)
-    engine = Engine("identity", patch_size=patch, stride=stride, blend="center",
-                    max_batch_patches=batch, warmup=False)
+    engine = Engine(
+        "identity",
+        patch_size=patch,
+        stride=stride,
+        blend="center",
+        max_batch_patches=batch,
+        warmup=False,
+    )
     out = engine.generate_image(
         RasterArray(image, {"crs": "EPSG:32633", "transform": (10, 0, 0, 0, -10, 0)}),
         out_format="tensor",
@@ -38,9 +44,10 @@ def test_identity_other_blends_reproduce_input(blend, h, w):
     image = np.arange(3 * h * w, dtype=np.float32).reshape(3, h, w)
     stride = 32 if blend == "none" else 20
     engine = Engine("identity", patch_size=32, stride=stride, blend=blend, warmup=False)
-    out = engine.generate_image(RasterArray(image, {"crs": "EPSG:4326",
-                                                    "transform": (1, 0, 0, 0, -1, 0)}),
-                                out_format="tensor")
+    out = engine.generate_image(
+        RasterArray(image, {"crs": "EPSG:4326", "transform": (1, 0, 0, 0, -1, 0)}),
+        out_format="tensor",
+    )
     np.testing.assert_allclose(out.outputs.tensor.numpy(), image, rtol=1e-6)
 
 
@@ -63,9 +70,10 @@ def test_tiled_equals_full_image_in_interior(make_geotiff):
     image = rng.integers(0, 50, size=(1, 97, 131)).astype(np.float32)
     engine = Engine("test-box")  # patch 32, stride 24 -> margin 4 >= radius 3
     assert engine.in_proc.patch_size - engine.in_proc.stride >= 2 * BOX_RADIUS
-    tiled = engine.generate_image(RasterArray(image, {"crs": "EPSG:32633",
-                                                      "transform": (10, 0, 0, 0, -10, 0)}),
-                                  out_format="tensor").outputs.tensor.numpy()
+    tiled = engine.generate_image(
+        RasterArray(image, {"crs": "EPSG:32633", "transform": (10, 0, 0, 0, -10, 0)}),
+        out_format="tensor",
+    ).outputs.tensor.numpy()
     with torch.inference_mode():
         full = engine.model(torch.from_numpy(image)[None]).numpy()[0]
     r = BOX_RADIUS
@@ -86,7 +94,7 @@ def test_output_independent_of_batch_size(make_geotiff, kind):
         outs = engine.generate_image(paths, out_format="tensor")
         results.append([o.outputs.tensor.numpy() for o in outs])
     for other in results[1:]:
-        for a, b in zip(results[0], other):
+        for a, b in zip(results[0], other, strict=False):
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
             if kind == "classes":
                 np.testing.assert_array_equal(a, b)
@@ -95,8 +103,9 @@ def test_output_independent_of_batch_size(make_geotiff, kind):
 def test_interleaved_requests_equal_requests_run_alone(make_geotiff):
     rng = np.random.default_rng(3)
     sizes = [(40, 40), (13, 70), (90, 21), (5, 5), (64, 48)]
-    paths = [make_geotiff(data=rng.integers(0, 400, size=(3, h, w)).astype(np.uint16))
-             for h, w in sizes]
+    paths = [
+        make_geotiff(data=rng.integers(0, 400, size=(3, h, w)).astype(np.uint16)) for h, w in sizes
+    ]
     engine = Engine("test-seg", max_batch_patches=7, output_kind="raw")
     batches: list[set[str]] = []
     forward = engine._forward
@@ -109,20 +118,25 @@ def test_interleaved_requests_equal_requests_run_alone(make_geotiff):
     ids = [engine.add_request(p, out_format="tensor") for p in paths]
     together = {r.request_id: r.outputs.tensor.numpy() for r in engine.run_until_done()}
     assert any(len(b) > 1 for b in batches), "patches of several requests never shared a batch"
-    for rid, path in zip(ids, paths):
+    for rid, path in zip(ids, paths, strict=False):
         alone = Engine("test-seg", output_kind="raw").generate_image(path, out_format="tensor")
         # the conv's float sums may round differently at another batch shape: ulp-level only
-        np.testing.assert_allclose(together[rid], alone.outputs.tensor.numpy(), rtol=1e-5,
-                                   atol=1e-4)
+        np.testing.assert_allclose(
+            together[rid], alone.outputs.tensor.numpy(), rtol=1e-5, atol=1e-4
+        )
 
 
 def test_segmentation_outputs_agree(make_geotiff):
     rng = np.random.default_rng(4)
     path = make_geotiff(data=rng.integers(0, 400, size=(3, 50, 50)).astype(np.uint16))
     classes = Engine("test-seg").generate_image(path, out_format="tensor").outputs.tensor
-    probs = Engine("test-seg", output_kind="probabilities").generate_image(
-        path, out_format="tensor").outputs.tensor
-    assert classes.dtype == torch.uint8 and probs.dtype == torch.float32
+    probs = (
+        Engine("test-seg", output_kind="probabilities")
+        .generate_image(path, out_format="tensor")
+        .outputs.tensor
+    )
+    assert classes.dtype == torch.uint8
+    assert probs.dtype == torch.float32
     assert probs.shape == (4, 50, 50)
     np.testing.assert_allclose(probs.sum(0).numpy(), 1.0, rtol=1e-5)
     np.testing.assert_array_equal(probs.argmax(0).numpy(), classes[0].numpy())
@@ -130,15 +144,18 @@ def test_segmentation_outputs_agree(make_geotiff):
 
 def test_transform_batches_raw_tensors():
     engine = Engine("identity", patch_size=16, stride=12, max_batch_patches=5)
-    tensors = [torch.arange(2 * 20 * 30, dtype=torch.float32).reshape(2, 20, 30),
-               torch.rand(1, 3, 7, 9)]
+    tensors = [
+        torch.arange(2 * 20 * 30, dtype=torch.float32).reshape(2, 20, 30),
+        torch.rand(1, 3, 7, 9),
+    ]
     outs = engine.transform(tensors)
     assert [o.ok for o in outs] == [True, True]
     torch.testing.assert_close(outs[0].tensors, tensors[0])
     # (C, T, H, W) -> patches are (C, T, P, P); identity returns them as (T*C) bands
     torch.testing.assert_close(outs[1].tensors, tensors[1].permute(1, 0, 2, 3).reshape(3, 7, 9))
     bad = engine.transform([torch.zeros(5)])
-    assert bad[0].error is not None and "expected (C, H, W)" in str(bad[0].error)
+    assert bad[0].error is not None
+    assert "expected (C, H, W)" in str(bad[0].error)
 
 
 def test_multi_date_layout_and_coords(tmp_path):
@@ -146,12 +163,15 @@ def test_multi_date_layout_and_coords(tmp_path):
     paths = []
     for t, date in enumerate(("2020-03-01", "2020-12-31")):
         data = np.full((2, 20, 24), 10 * (t + 1), dtype=np.int16)
-        paths.append(write_geotiff(tmp_path / f"d{t}.tif", data,
-                                   tags={"ACQUISITION_DATE": date}))
+        paths.append(write_geotiff(tmp_path / f"d{t}.tif", data, tags={"ACQUISITION_DATE": date}))
     out = Engine("test-coords").generate_image([paths], out_format="tensor")[0]
     y = out.raise_for_error().outputs.tensor.numpy()
     assert y.shape == (2 + 4 + 2, 20, 24)
-    assert (y[0] == 10).all() and (y[1] == 20).all()
-    assert (y[2] == 2020).all() and (y[3] == 61).all()  # 2020-03-01 is day 61 (leap year)
-    assert (y[4] == 2020).all() and (y[5] == 366).all()
-    assert np.allclose(y[6], 13.5, atol=1.5) and np.allclose(y[7], 52, atol=1.5)
+    assert (y[0] == 10).all()
+    assert (y[1] == 20).all()
+    assert (y[2] == 2020).all()
+    assert (y[3] == 61).all()
+    assert (y[4] == 2020).all()
+    assert (y[5] == 366).all()
+    assert np.allclose(y[6], 13.5, atol=1.5)
+    assert np.allclose(y[7], 52, atol=1.5)

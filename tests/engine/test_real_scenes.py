@@ -21,7 +21,8 @@ def test_lake_scene_identity_is_lossless_and_aligned(tmp_path):
     with rasterio.open(out) as dst, rasterio.open(LAKE) as src:
         assert (dst.crs, dst.transform, dst.width, dst.height) == (crs, transform, w, h)
         assert (w, h) == (1536, 768)
-        assert dst.profile["tiled"] and dst.profile["compress"] == "deflate"
+        assert dst.profile["tiled"]
+        assert dst.profile["compress"] == "deflate"
         assert dst.descriptions == src.descriptions
         np.testing.assert_array_equal(dst.read(), src.read().astype(np.float32))
         assert dst.nodata is None  # the input declares none: no spurious nodata
@@ -33,10 +34,12 @@ def test_flood_chip_geographic_crs_preserved(tmp_path, blend):
     out = tmp_path / f"flood_{blend}.tif"
     Engine("ndwi-water", blend=blend).generate_image(FLOOD, output_path=out)
     crs, transform, w, h, nodata, _ = _profile(FLOOD)
-    assert crs.to_epsg() == 4326 and nodata == 0
+    assert crs.to_epsg() == 4326
+    assert nodata == 0
     with rasterio.open(out) as dst:
         assert (dst.crs, dst.transform, dst.width, dst.height) == (crs, transform, w, h)
-        assert dst.nodata == 255 and dst.dtypes[0] == "uint8"
+        assert dst.nodata == 255
+        assert dst.dtypes[0] == "uint8"
         assert dst.colormap(1)[1][:3] == (31, 120, 220)
         assert dst.descriptions == ("class",)
         assert dst.tags()["CLASS_NAMES"] == "not water,water"

@@ -23,7 +23,8 @@ def test_cores_cover_every_pixel_exactly_once(grid):
     count = np.zeros((grid.height, grid.width), dtype=int)
     for r, c in grid.indices():
         win = grid.core_window(r, c)
-        assert win.height > 0 and win.width > 0
+        assert win.height > 0
+        assert win.width > 0
         count[win.row_off : win.row_off + win.height, win.col_off : win.col_off + win.width] += 1
     assert (count == 1).all()
 
@@ -57,7 +58,8 @@ def test_weights_are_positive_where_used_and_partition_constant(blend):
     stride = 16 if blend == "none" else 12
     grid = PatchGrid(50, 47, 16, stride, blend)
     w = grid.weights()
-    assert w.shape == (16, 16) and w.dtype == np.float32
+    assert w.shape == (16, 16)
+    assert w.dtype == np.float32
     assert not w.flags.writeable
     total = np.zeros((50, 47))
     for r, c in grid.indices():
@@ -96,4 +98,5 @@ def test_reflect_indices_mirror_and_stay_in_range():
     assert reflect_indices(-3, 10, 5).tolist() == [3, 2, 1, 0, 1, 2, 3, 4, 3, 2]
     assert reflect_indices(0, 4, 1).tolist() == [0, 0, 0, 0]
     idx = reflect_indices(-50, 200, 7)
-    assert idx.min() >= 0 and idx.max() <= 6
+    assert idx.min() >= 0
+    assert idx.max() <= 6

@@ -16,8 +16,12 @@ def test_path_bytes_b64_and_array_read_the_same(make_geotiff):
     with open_raster(str(path)) as src:
         expected = src.read_rows(0, 5, [0, 1])
         info = src.info
-    for obj, fmt in ((raw, "auto"), (base64.b64encode(raw).decode(), "auto"),
-                     (base64.b64encode(raw).decode(), "b64"), (path, "path")):
+    for obj, fmt in (
+        (raw, "auto"),
+        (base64.b64encode(raw).decode(), "auto"),
+        (base64.b64encode(raw).decode(), "b64"),
+        (path, "path"),
+    ):
         with open_raster(obj, fmt) as src:
             np.testing.assert_array_equal(src.read_rows(0, 5, [0, 1]), expected)
             assert src.info.transform == info.transform

@@ -11,7 +11,8 @@ def test_register_get_names_contains():
     reg.add("a", 1)
     assert reg.get("a") == 1
     assert reg.names() == ["a", "b"]
-    assert "a" in reg and "z" not in reg
+    assert "a" in reg
+    assert "z" not in reg
     assert reg.items() == [("a", 1), ("b", 2)]
     assert len(reg) == 2
 

@@ -28,6 +28,7 @@ import torch
 from einops import rearrange
 from numpy.typing import NDArray
 
+from geoserve.engine.model_loader import build_model, resolve_model
 from geoserve.engine.request import Patch, Request
 from geoserve.errors import (
     BandMismatchError,
@@ -37,14 +38,12 @@ from geoserve.errors import (
     ModelOutputShapeError,
     NotGeoreferencedWarning,
     ProcessorMismatchError,
-    WeightsError,
 )
-from geoserve.plugins import load_plugins
-from geoserve.processors.base import InputProcessor, OutputProcessor
+from geoserve.processors.base import InputProcessor
 from geoserve.processors.patcher import GeoTiffPatcher
 from geoserve.raster.source import DataFormat, RasterArray, RasterLike, open_raster
 from geoserve.raster.write import OutputRaster, geotiff_bytes, write_geotiff
-from geoserve.registry import INPUT_REGISTRY, MODEL_REGISTRY, OUTPUT_REGISTRY, ModelSpec
+from geoserve.registry import ModelSpec
 from geoserve.schemas import (
     OUT_FORMATS,
     ImageOutput,
@@ -57,64 +56,6 @@ logger = logging.getLogger(__name__)
 
 ImageInput = RasterLike | Sequence[RasterLike]
 ProgressCallback = Callable[[int, int], None]
-
-
-def resolve_model(model: str | ModelSpec) -> tuple[ModelSpec, InputProcessor, OutputProcessor]:
-    """Look up a model and both of its processors.
-
-    Raises:
-        UnknownModelError: the name is not registered (the message lists those that are).
-        ProcessorMismatchError: the model lacks an input or an output processor.
-    """
-    if isinstance(model, str):
-        load_plugins()
-        spec = MODEL_REGISTRY.get(model)
-    else:
-        spec = model
-    missing = [
-        (label, deco)
-        for label, reg, deco in (
-            ("input", INPUT_REGISTRY, "@INPUT_REGISTRY.register_input_processor(...)"),
-            ("output", OUTPUT_REGISTRY, "@OUTPUT_REGISTRY.register_output_processor(...)"),
-        )
-        if spec.key not in reg
-    ]
-    if missing:
-        what = " and ".join(f"an {label} processor" for label, _ in missing)
-        fix = " and ".join(deco for _, deco in missing)
-        raise ProcessorMismatchError(
-            f"model {spec.name!r} has no {what}; decorate {spec.key} with {fix}"
-        )
-    return spec, INPUT_REGISTRY.get(spec.key), OUTPUT_REGISTRY.get(spec.key)
-
-
-def load_weights(module: torch.nn.Module, path: str | Path, model_name: str) -> None:
-    """Load a state dict from ``.safetensors``, ``.pt``, ``.pth`` or ``.ckpt`` (strict).
-
-    Raises:
-        WeightsError: the file is missing, unreadable, or its keys do not match the model.
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise WeightsError(f"{path}: weights file for model {model_name!r} not found")
-    try:
-        if path.suffix == ".safetensors":
-            from safetensors.torch import load_file
-
-            state = load_file(str(path))
-        else:
-            state = torch.load(path, map_location="cpu", weights_only=True)
-            if isinstance(state, dict) and "state_dict" in state:
-                state = state["state_dict"]
-    except Exception as exc:
-        raise WeightsError(f"{path}: cannot read weights ({exc})") from exc
-    result = module.load_state_dict(state, strict=False)
-    if result.missing_keys or result.unexpected_keys:
-        raise WeightsError(
-            f"{path}: weights do not match model {model_name!r}: "
-            f"missing {list(result.missing_keys)[:10]}, "
-            f"unexpected {list(result.unexpected_keys)[:10]}"
-        )
 
 
 class Engine:
@@ -133,6 +74,7 @@ class Engine:
 
     Raises:
         UnknownModelError, ProcessorMismatchError, ConfigError, WeightsError: at start-up.
+
     """
 
     def __init__(
@@ -167,24 +109,13 @@ class Engine:
         self.device = torch.device(device)
         self.dtype = _resolve_dtype(dtype)
         self._output_dir = Path(output_dir) if output_dir is not None else None
-        self.model = self._build_model(weights)
+        self.model = build_model(self.spec, weights, self.device)
         self._active: list[Request] = []
         self._failed: list[ImageRequestOutput | TensorRequestOutput] = []
         if warmup:
             self._warmup()
 
     # -- set-up ------------------------------------------------------------------------------
-
-    def _build_model(self, weights: str | Path | None) -> torch.nn.Module:
-        if weights is None and self.spec.weights_required:
-            hint = f" ({self.spec.weights_hint})" if self.spec.weights_hint else ""
-            raise WeightsError(
-                f"model {self.spec.name!r} needs weights: pass --weights FILE{hint}"
-            )
-        module = cast(torch.nn.Module, self.spec.factory())
-        if weights is not None:
-            load_weights(module, weights, self.spec.name)
-        return module.to(self.device).eval()
 
     def _warmup(self) -> None:
         """Run one dummy patch to check the model's output against the output processor."""
@@ -242,7 +173,13 @@ class Engine:
                 src.close()
             raise
         return Request(
-            request_id, sources, ctx, proc, self.out_proc, out_format, output_path,
+            request_id,
+            sources,
+            ctx,
+            proc,
+            self.out_proc,
+            out_format,
+            output_path,
             tensor_shape=tensor_shape,
         )
 
@@ -262,7 +199,9 @@ class Engine:
         :meth:`step`.
         """
         rid = request_id or uuid.uuid4().hex[:12]
-        dates = list(inputs) if isinstance(inputs, list | tuple) else [inputs]
+        dates = cast(
+            list[RasterLike], list(inputs) if isinstance(inputs, list | tuple) else [inputs]
+        )
         try:
             if out_format not in OUT_FORMATS:
                 raise ConfigError(
@@ -328,12 +267,15 @@ class Engine:
             return
         except Exception as exc:
             logger.exception("forward pass failed")
-            self._fail_batch(batch, ModelExecutionError(
-                f"model {self.spec.name!r} failed on a batch of {len(batch)} patches: {exc!r}"
-            ))
+            self._fail_batch(
+                batch,
+                ModelExecutionError(
+                    f"model {self.spec.name!r} failed on a batch of {len(batch)} patches: {exc!r}"
+                ),
+            )
             return
         share = (time.perf_counter() - t0) / len(batch)
-        for patch, result in zip(batch, out):
+        for patch, result in zip(batch, out, strict=False):
             req = patch.request
             req.in_flight -= 1
             if req.error is not None:
@@ -380,8 +322,15 @@ class Engine:
             if req in self._active:
                 self._active.remove(req)
             out_cls = TensorRequestOutput if req.tensor_shape is not None else ImageRequestOutput
-            self._failed.append(out_cls(req.request_id, finished=True, error=exc,
-                                        num_patches=req.num_patches, timings=req.timings))
+            self._failed.append(
+                out_cls(
+                    req.request_id,
+                    finished=True,
+                    error=exc,
+                    num_patches=req.num_patches,
+                    timings=req.timings,
+                )
+            )
 
     def _fail_batch(self, batch: list[Patch], exc: GeoServeError) -> None:
         for patch in batch:
@@ -396,8 +345,12 @@ class Engine:
             blended = req.canvas.result(channels)
             if req.tensor_shape is not None:
                 return TensorRequestOutput(
-                    req.request_id, True, torch.from_numpy(blended), None,
-                    req.num_patches, req.timings,
+                    req.request_id,
+                    True,
+                    torch.from_numpy(blended),
+                    None,
+                    req.num_patches,
+                    req.timings,
                 )
             t0 = time.perf_counter()
             raster = req.out_proc.finalize(blended, req.canvas.valid, req.ctx)
@@ -405,11 +358,11 @@ class Engine:
             t1 = time.perf_counter()
             output = self._deliver(req, raster)
             req.timings.write += time.perf_counter() - t1
-            return ImageRequestOutput(req.request_id, True, output, None, req.num_patches,
-                                      req.timings)
+            return ImageRequestOutput(
+                req.request_id, True, output, None, req.num_patches, req.timings
+            )
         except GeoServeError as exc:
-            return ImageRequestOutput(req.request_id, True, None, exc, req.num_patches,
-                                      req.timings)
+            return ImageRequestOutput(req.request_id, True, None, exc, req.num_patches, req.timings)
         finally:
             req.close()
 
@@ -464,14 +417,14 @@ class Engine:
 
         Raises:
             GeoServeError: for a single input that failed.
+
         """
         single = not isinstance(x_or_list, list)
-        items: list[ImageInput] = [x_or_list] if single else list(x_or_list)  # type: ignore[list-item]
+        items = cast(list[ImageInput], [x_or_list] if single else list(x_or_list))  # type: ignore[arg-type]
         paths = self._output_paths(items, output_path, out_format, single)
         ids = [
-            self.add_request(item, output_path=path, out_format=out_format,
-                             data_format=data_format)
-            for item, path in zip(items, paths)
+            self.add_request(item, output_path=path, out_format=out_format, data_format=data_format)
+            for item, path in zip(items, paths, strict=False)
         ]
         results = {r.request_id: r for r in self.run_until_done(progress)}
         outputs = [cast(ImageRequestOutput, results[i]) for i in ids]
@@ -509,7 +462,8 @@ class Engine:
         patch grid and the blended raw model output (C_out, H, W) comes back in ``.tensors``.
         """
         proc = GeoTiffPatcher(
-            patch_size=self.in_proc.patch_size, stride=self.in_proc.stride,
+            patch_size=self.in_proc.patch_size,
+            stride=self.in_proc.stride,
             blend=self.in_proc.blend,  # type: ignore[arg-type]
         )
         ids = []
@@ -524,14 +478,15 @@ class Engine:
         rid = uuid.uuid4().hex[:12]
         arr = t.detach().cpu().float().numpy()
         if arr.ndim not in (3, 4):
-            self._failed.append(TensorRequestOutput(rid, True, None, ConfigError(
-                f"tensor {i} has shape {tuple(arr.shape)}; expected (C, H, W) or (C, T, H, W)"
-            )))
+            shape = tuple(arr.shape)
+            err = ConfigError(f"tensor {i} has shape {shape}; expected (C, H, W) or (C, T, H, W)")
+            self._failed.append(TensorRequestOutput(rid, True, None, err))
             return rid
         flat = RasterArray(arr.reshape(-1, *arr.shape[-2:]), name=f"<tensor {i}>")
         try:
-            req = self._new_request([flat], rid, "tensor", None, in_proc=proc,
-                                    tensor_shape=tuple(arr.shape[:-2]))
+            req = self._new_request(
+                [flat], rid, "tensor", None, in_proc=proc, tensor_shape=tuple(arr.shape[:-2])
+            )
         except GeoServeError as exc:
             self._failed.append(TensorRequestOutput(rid, True, None, exc))
             return rid
@@ -542,8 +497,14 @@ class Engine:
 def _resolve_dtype(dtype: torch.dtype | str | None) -> torch.dtype | None:
     if dtype is None or isinstance(dtype, torch.dtype):
         return dtype
-    names = {"float32": None, "fp32": None, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-             "float16": torch.float16, "fp16": torch.float16}
+    names = {
+        "float32": None,
+        "fp32": None,
+        "bfloat16": torch.bfloat16,
+        "bf16": torch.bfloat16,
+        "float16": torch.float16,
+        "fp16": torch.float16,
+    }
     if dtype not in names:
         raise ConfigError(f"invalid dtype {dtype!r}; choose one of {', '.join(names)}")
     return names[dtype]

@@ -88,6 +88,7 @@ class Request:
 
         Raises:
             GeoServeError: if reading fails (the caller fails this request alone).
+
         """
         while not self.queue and self.rows_left:
             t0 = time.perf_counter()
@@ -97,7 +98,7 @@ class Request:
             patches = row.patches
             if self.tensor_shape is not None and len(patches):
                 patches = patches.reshape(len(patches), *self.tensor_shape, *patches.shape[-2:])
-            for col, data in zip(row.cols, patches):
+            for col, data in zip(row.cols, patches, strict=False):
                 self.queue.append(Patch(self, row.row, col, data))
             self.num_patches += len(row.cols)
             self.timings.read += time.perf_counter() - t0

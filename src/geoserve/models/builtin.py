@@ -37,7 +37,9 @@ class Identity(nn.Module):
     GeoTiffPatcher(bands=("B3", "B8"), scale_factor=1e-4, patch_size=224, blend="center")
 )
 @OUTPUT_REGISTRY.register_output_processor(
-    SegmentationReassembler(classes=("not water", "water"), colors=((230, 230, 220), (31, 120, 220)))
+    SegmentationReassembler(
+        classes=("not water", "water"), colors=((230, 230, 220), (31, 120, 220))
+    )
 )
 class NdwiWater(nn.Module):
     """Two-class logits (not water, water) = (-k, +k) x NDWI; argmax is NDWI > 0."""

@@ -39,9 +39,11 @@ class Canvas:
         if self._exact:
             core = g.core_window(row, col)
             pr, pc = core.row_off - r0, core.col_off - c0
-            acc[:, core.row_off : core.row_off + core.height, core.col_off : core.col_off + core.width] = (
-                patch[:, pr : pr + core.height, pc : pc + core.width]
-            )
+            acc[
+                :,
+                core.row_off : core.row_off + core.height,
+                core.col_off : core.col_off + core.width,
+            ] = patch[:, pr : pr + core.height, pc : pc + core.width]
             return
         assert self._wsum is not None
         rs, re_ = max(r0, 0), min(r0 + g.patch_size, g.height)

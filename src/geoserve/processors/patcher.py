@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from numpy.typing import NDArray
 from affine import Affine
+from numpy.typing import NDArray
 
 from geoserve.errors import BandMismatchError, ConfigError, InputError
 from geoserve.processors.base import InputProcessor, PatchRow, RasterContext
@@ -47,6 +47,7 @@ class GeoTiffPatcher(InputProcessor):
             (2: lon, lat of the scene centre) to the model as keyword arguments.
         nodata: Override the input's declared nodata value.
         fill: Value (after normalisation) written into masked pixels before the model sees them.
+
     """
 
     bands: tuple[int | str, ...] | None = None

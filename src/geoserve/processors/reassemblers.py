@@ -50,6 +50,7 @@ class SegmentationReassembler(OutputProcessor):
         colors: One RGB colour per class for the class map's colour table.
         kind: ``classes`` (uint8 class map), ``probabilities`` (float32, one band per class) or
             ``raw`` (blended float32 logits).
+
     """
 
     classes: tuple[str, ...] = ()
@@ -63,9 +64,7 @@ class SegmentationReassembler(OutputProcessor):
         if self.colors is not None:
             object.__setattr__(self, "colors", tuple(tuple(c) for c in self.colors))
             if len(self.colors) != len(self.classes):
-                raise ConfigError(
-                    f"{len(self.colors)} colors for {len(self.classes)} classes"
-                )
+                raise ConfigError(f"{len(self.colors)} colors for {len(self.classes)} classes")
         _check_kind(self.kind, OUTPUT_KINDS, "segmentation")
 
     @property
@@ -102,8 +101,10 @@ class SegmentationReassembler(OutputProcessor):
                 out, nodata if masked else None, ("class",), colormap=cmap, tags=tags
             )
         values = _softmax(blended) if self.kind == "probabilities" else blended
-        names = self.classes if self.kind == "probabilities" else tuple(
-            f"logit_{c}" for c in self.classes
+        names = (
+            self.classes
+            if self.kind == "probabilities"
+            else tuple(f"logit_{c}" for c in self.classes)
         )
         return _float_output(values, valid, masked, names, tags)
 
@@ -116,6 +117,7 @@ class RawReassembler(OutputProcessor):
         band_names: Output band descriptions; ``None`` reuses the input band names when the
             counts match (identity, reconstruction), else ``band_1 ...``.
         channels: Number of output channels the model must return, if fixed.
+
     """
 
     band_names: tuple[str, ...] | None = None
@@ -161,7 +163,8 @@ class RawReassembler(OutputProcessor):
 
 def _softmax(x: NDArray[np.float32]) -> NDArray[np.float32]:
     e = np.exp(x - x.max(axis=0, keepdims=True))
-    return (e / e.sum(axis=0, keepdims=True)).astype(np.float32)
+    out: NDArray[np.float32] = (e / e.sum(axis=0, keepdims=True)).astype(np.float32)
+    return out
 
 
 def _float_output(

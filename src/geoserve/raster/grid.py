@@ -51,6 +51,7 @@ def check_tiling(patch_size: int, stride: int, blend: str) -> None:
 
     Raises:
         ConfigError: naming the offending field and value.
+
     """
     if blend not in BLEND_MODES:
         raise ConfigError(f"invalid blend: {blend!r}; choose one of {', '.join(BLEND_MODES)}")
@@ -112,9 +113,7 @@ class PatchGrid:
     def core_window(self, row: int, col: int) -> Window:
         """The part of the image this patch alone is responsible for (clipped to the image)."""
         r0, c0 = row * self.stride, col * self.stride
-        return Window(
-            c0, r0, min(self.stride, self.width - c0), min(self.stride, self.height - r0)
-        )
+        return Window(c0, r0, min(self.stride, self.width - c0), min(self.stride, self.height - r0))
 
     def indices(self) -> Iterator[tuple[int, int]]:
         """Patch (row, col) pairs in row-major order."""

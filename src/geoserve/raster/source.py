@@ -87,9 +87,10 @@ class RasterSource(ABC):
 
         Raises:
             RasterReadError: if the data cannot be decoded (truncated or corrupt file).
+
         """
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional hook, nothing to release by default
         """Release the underlying dataset."""
 
     def __enter__(self) -> RasterSource:
@@ -238,6 +239,7 @@ def open_raster(obj: RasterLike, data_format: DataFormat = "auto") -> RasterSour
     Raises:
         RasterReadError: the file is missing or is not a readable raster.
         InputError: bad base64, an unsupported data type, or zero width/height.
+
     """
     if isinstance(obj, RasterArray):
         source: RasterSource = ArraySource(obj)
@@ -275,6 +277,7 @@ def resolve_bands(info: RasterInfo, bands: Sequence[int | str] | None) -> list[i
 
     Raises:
         BandMismatchError: an index out of range, or a name no band carries.
+
     """
     if bands is None:
         return list(range(info.count))
@@ -291,15 +294,12 @@ def resolve_bands(info: RasterInfo, bands: Sequence[int | str] | None) -> list[i
                     if known
                     else "its bands have no descriptions; select them by 0-based index"
                 )
-                raise BandMismatchError(
-                    f"{info.name}: no band named {sel!r} ({listing})"
-                ) from None
+                raise BandMismatchError(f"{info.name}: no band named {sel!r} ({listing})") from None
         else:
             idx = int(sel)
             if not 0 <= idx < info.count:
                 raise BandMismatchError(
-                    f"{info.name} has {info.count} bands; band index {idx} (0-based) "
-                    "does not exist"
+                    f"{info.name} has {info.count} bands; band index {idx} (0-based) does not exist"
                 )
             out.append(idx)
     return out

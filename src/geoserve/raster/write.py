@@ -76,11 +76,14 @@ def _write(dst: Any, out: OutputRaster) -> None:
         dst.update_tags(**out.tags)
 
 
-def write_geotiff(path: str | os.PathLike[str], out: OutputRaster, source_profile: Mapping[str, Any]) -> Path:
+def write_geotiff(
+    path: str | os.PathLike[str], out: OutputRaster, source_profile: Mapping[str, Any]
+) -> Path:
     """Write ``out`` to ``path`` atomically (temporary file in the same directory, then rename).
 
     Raises:
         OutputWriteError: naming the path, if the directory is missing or the write fails.
+
     """
     path = Path(path)
     if not path.parent.is_dir():

@@ -33,6 +33,7 @@ class ModelSpec:
         description: One line for ``geoserve models``.
         weights_required: Whether the model is useless without ``weights=``.
         weights_hint: Where such weights come from, shown when they are missing.
+
     """
 
     name: str

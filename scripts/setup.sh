@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Set up geoserve in ./.venv on a fresh machine: torch first (pinned; on this project's machines
+# the wheel is served from local disk), then geoserve itself with its test and server extras.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+    "$PYTHON" -m venv .venv
+fi
+.venv/bin/python -m pip install --quiet --upgrade pip
+.venv/bin/python -m pip install --quiet torch==2.14.1 torchvision==0.29.1
+.venv/bin/python -m pip install --quiet -e '.[dev,server]'

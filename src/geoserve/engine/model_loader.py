@@ -1,0 +1,100 @@
+"""Turning a model name into a ready module and its processors.
+
+Looks the name up (loading plugins first), checks that both processors are registered, builds
+the module with its factory and loads local weights strictly, naming missing and unexpected keys.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from geoserve.errors import ProcessorMismatchError, WeightsError
+from geoserve.plugins import load_plugins
+from geoserve.processors.base import InputProcessor, OutputProcessor
+from geoserve.registry import INPUT_REGISTRY, MODEL_REGISTRY, OUTPUT_REGISTRY, ModelSpec
+
+
+def resolve_model(model: str | ModelSpec) -> tuple[ModelSpec, InputProcessor, OutputProcessor]:
+    """Look up a model and both of its processors.
+
+    Raises:
+        UnknownModelError: the name is not registered (the message lists those that are).
+        ProcessorMismatchError: the model lacks an input or an output processor.
+
+    """
+    if isinstance(model, str):
+        load_plugins()
+        spec = MODEL_REGISTRY.get(model)
+    else:
+        spec = model
+    missing = [
+        (label, deco)
+        for label, reg, deco in (
+            ("input", INPUT_REGISTRY, "@INPUT_REGISTRY.register_input_processor(...)"),
+            ("output", OUTPUT_REGISTRY, "@OUTPUT_REGISTRY.register_output_processor(...)"),
+        )
+        if spec.key not in reg
+    ]
+    if missing:
+        what = " and ".join(f"an {label} processor" for label, _ in missing)
+        fix = " and ".join(deco for _, deco in missing)
+        raise ProcessorMismatchError(
+            f"model {spec.name!r} has no {what}; decorate {spec.key} with {fix}"
+        )
+    return spec, INPUT_REGISTRY.get(spec.key), OUTPUT_REGISTRY.get(spec.key)
+
+
+def load_weights(module: torch.nn.Module, path: str | Path, model_name: str) -> None:
+    """Load a state dict from ``.safetensors``, ``.pt``, ``.pth`` or ``.ckpt`` (strict).
+
+    Raises:
+        WeightsError: the file is missing, unreadable, or its keys do not match the model.
+
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise WeightsError(f"{path}: weights file for model {model_name!r} not found")
+    try:
+        if path.suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            state: Any = load_file(str(path))
+        else:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+            if isinstance(state, dict) and "state_dict" in state:
+                state = state["state_dict"]
+    except Exception as exc:
+        raise WeightsError(f"{path}: cannot read weights ({exc})") from exc
+    result = module.load_state_dict(state, strict=False)
+    if result.missing_keys or result.unexpected_keys:
+        raise WeightsError(
+            f"{path}: weights do not match model {model_name!r}: "
+            f"missing {list(result.missing_keys)[:10]}, "
+            f"unexpected {list(result.unexpected_keys)[:10]}"
+        )
+
+
+def build_model(
+    spec: ModelSpec, weights: str | Path | None, device: torch.device
+) -> torch.nn.Module:
+    """Build ``spec``'s module, load ``weights`` if given, move it to ``device``, eval mode.
+
+    Raises:
+        WeightsError: the model needs weights and none were given, or they do not load.
+
+    """
+    if weights is None and spec.weights_required:
+        hint = f" ({spec.weights_hint})" if spec.weights_hint else ""
+        raise WeightsError(f"model {spec.name!r} needs weights: pass --weights FILE{hint}")
+    module: Any = spec.factory()
+    if not isinstance(module, torch.nn.Module):
+        raise ProcessorMismatchError(
+            f"model {spec.name!r}: factory {spec.key} returned {type(module).__name__}, "
+            "not a torch.nn.Module"
+        )
+    if weights is not None:
+        load_weights(module, weights, spec.name)
+    return module.to(device).eval()
