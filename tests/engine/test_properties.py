@@ -175,3 +175,12 @@ def test_multi_date_layout_and_coords(tmp_path):
     assert (y[5] == 366).all()
     assert np.allclose(y[6], 13.5, atol=1.5)
     assert np.allclose(y[7], 52, atol=1.5)
+
+
+def test_engine_close_releases_pending_requests(make_geotiff):
+    path = make_geotiff(bands=3, height=100, width=100)
+    with Engine("identity", patch_size=16, stride=16, blend="none") as engine:
+        engine.add_request(path, out_format="tensor")
+        engine.step()  # one batch done, rows still pending, a prefetch in flight
+        assert engine.has_unfinished()
+    assert not engine.has_unfinished()

@@ -20,6 +20,7 @@ import time
 import uuid
 import warnings
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, cast
 
@@ -71,6 +72,8 @@ class Engine:
         max_batch_patches: Most patches per forward pass, drawn from all pending requests.
         output_dir: Where ``out_format="path"`` outputs go when no path is given.
         warmup: Run one dummy patch at start-up to check the model against its processors.
+        prefetch: Read each request's next row of patches in a background thread while the
+            model runs.
 
     Raises:
         UnknownModelError, ProcessorMismatchError, ConfigError, WeightsError: at start-up.
@@ -92,6 +95,7 @@ class Engine:
         max_batch_patches: int = 16,
         output_dir: str | Path | None = None,
         warmup: bool = True,
+        prefetch: bool = True,
     ) -> None:
         self.spec, in_proc, out_proc = resolve_model(model)
         if not isinstance(max_batch_patches, int) or max_batch_patches < 1:
@@ -111,6 +115,10 @@ class Engine:
         self._output_dir = Path(output_dir) if output_dir is not None else None
         self.model = build_model(self.spec, weights, self.device)
         self._active: list[Request] = []
+        # one background thread reads each request's next grid row during forward passes
+        self._reader = (
+            ThreadPoolExecutor(1, thread_name_prefix="geoserve-read") if prefetch else None
+        )
         self._failed: list[ImageRequestOutput | TensorRequestOutput] = []
         if warmup:
             self._warmup()
@@ -132,6 +140,21 @@ class Engine:
                 f"model {self.spec.name!r} returns {out.shape[1]} channels but its output "
                 f"processor expects {want}"
             )
+
+    def close(self) -> None:
+        """Drop pending requests, release their inputs and stop the reader thread."""
+        for req in list(self._active):
+            req.close()
+        self._active.clear()
+        if self._reader is not None:
+            self._reader.shutdown(wait=True)
+            self._reader = None
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     @property
     def output_dir(self) -> Path:
@@ -181,6 +204,7 @@ class Engine:
             out_format,
             output_path,
             tensor_shape=tensor_shape,
+            reader=self._reader,
         )
 
     def add_request(

@@ -6,9 +6,11 @@ processor, so one processor instance serves any number of concurrent requests.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import deque
 from collections.abc import Sequence
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,7 +19,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from geoserve.errors import GeoServeError
-from geoserve.processors.base import InputProcessor, OutputProcessor, RasterContext
+from geoserve.processors.base import InputProcessor, OutputProcessor, PatchRow, RasterContext
 from geoserve.processors.canvas import Canvas
 from geoserve.raster.source import RasterSource
 from geoserve.schemas import OutFormat, StageTimings
@@ -57,6 +59,8 @@ class Request:
     num_patches: int = 0
     out_channels: int | None = None
     error: GeoServeError | None = None
+    reader: Executor | None = None
+    _prefetch: Future[PatchRow] | None = None
 
     def __post_init__(self) -> None:
         self.canvas = Canvas(self.ctx.grid)
@@ -92,9 +96,19 @@ class Request:
         """
         while not self.queue and self.rows_left:
             t0 = time.perf_counter()
-            row = self.in_proc.read_row(self.sources, self.ctx, self.next_row)
+            if self._prefetch is not None:
+                row = self._prefetch.result()
+                self._prefetch = None
+            else:
+                row = self.in_proc.read_row(self.sources, self.ctx, self.next_row)
             self.canvas.set_valid(row.row, row.core_valid)
             self.next_row += 1
+            if self.reader is not None and self.rows_left:
+                # read the next row while the model works on this one (GDAL drops the GIL);
+                # only that thread touches this request's datasets until its result is taken
+                self._prefetch = self.reader.submit(
+                    self.in_proc.read_row, self.sources, self.ctx, self.next_row
+                )
             patches = row.patches
             if self.tensor_shape is not None and len(patches):
                 patches = patches.reshape(len(patches), *self.tensor_shape, *patches.shape[-2:])
@@ -108,7 +122,12 @@ class Request:
         return self.queue.popleft()
 
     def close(self) -> None:
-        """Release inputs and queued patches."""
+        """Release inputs and queued patches (after any read in progress has stopped)."""
+        if self._prefetch is not None:
+            self._prefetch.cancel()
+            with contextlib.suppress(Exception):
+                self._prefetch.result()
+            self._prefetch = None
         for src in self.sources:
             src.close()
         self.queue.clear()
