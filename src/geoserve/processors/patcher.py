@@ -144,7 +144,7 @@ class GeoTiffPatcher(InputProcessor):
         nodata = ctx.profile.get("nodata")
         stacks, invalid = [], np.zeros((grid.patch_size, grid.width), dtype=bool)
         for src in sources:
-            raw = src.read_rows(lo, hi, ctx.bands)[:, rows - lo, :]
+            raw = _take(src.read_rows(lo, hi, ctx.bands), rows - lo, axis=1)
             band = self.normalize(raw)
             bad = _invalid(raw, nodata)
             if bad is not None:
@@ -159,7 +159,7 @@ class GeoTiffPatcher(InputProcessor):
             c_idx = reflect_indices(grid.origin(row, col)[1], grid.patch_size, grid.width)
             if any_invalid and invalid[:, c_idx].all():
                 continue  # nothing valid to predict: skip the model for this patch
-            patches.append(data[..., c_idx])
+            patches.append(_take(data, c_idx, axis=-1))
             cols.append(col)
         core_h = grid.core_window(row, 0).height
         core_valid = None
@@ -201,6 +201,15 @@ class GeoTiffPatcher(InputProcessor):
             "tags": {"ACQUISITION_DATE": "2020-06-01"},
         }
         return RasterArray(data, profile, name="<dummy>")
+
+
+def _take(arr: NDArray[Any], idx: NDArray[np.intp], axis: int) -> NDArray[Any]:
+    """``arr`` indexed by ``idx`` along ``axis``: a view when ``idx`` is a plain range."""
+    if idx[-1] - idx[0] == len(idx) - 1 and (np.diff(idx) == 1).all():
+        index: list[Any] = [slice(None)] * arr.ndim
+        index[axis] = slice(int(idx[0]), int(idx[-1]) + 1)
+        return arr[tuple(index)]
+    return np.take(arr, idx, axis=axis)
 
 
 def _invalid(raw: NDArray[Any], nodata: float | None) -> NDArray[np.bool_] | None:
