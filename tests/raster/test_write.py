@@ -24,10 +24,13 @@ def test_written_file_is_tiled_compressed_and_aligned(tmp_path):
     )
     path = write_geotiff(tmp_path / "o.tif", out, PROFILE)
     with rasterio.open(path) as dst:
-        assert dst.profile["tiled"] and dst.block_shapes[0] == (256, 256)
+        assert dst.profile["tiled"]
+        assert dst.block_shapes[0] == (256, 256)
         assert dst.compression.value == "DEFLATE"
-        assert dst.crs == PROFILE["crs"] and dst.transform == UTM_TRANSFORM
-        assert dst.descriptions == ("a", "b") and dst.tags()["K"] == "v"
+        assert dst.crs == PROFILE["crs"]
+        assert dst.transform == UTM_TRANSFORM
+        assert dst.descriptions == ("a", "b")
+        assert dst.tags()["K"] == "v"
         np.testing.assert_array_equal(dst.read(), out.data)
 
 

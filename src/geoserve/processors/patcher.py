@@ -208,7 +208,8 @@ def _take(arr: NDArray[Any], idx: NDArray[np.intp], axis: int) -> NDArray[Any]:
     if idx[-1] - idx[0] == len(idx) - 1 and (np.diff(idx) == 1).all():
         index: list[Any] = [slice(None)] * arr.ndim
         index[axis] = slice(int(idx[0]), int(idx[-1]) + 1)
-        return arr[tuple(index)]
+        view: NDArray[Any] = arr[tuple(index)]
+        return view
     return np.take(arr, idx, axis=axis)
 
 
