@@ -184,3 +184,54 @@ def test_engine_close_releases_pending_requests(make_geotiff):
         engine.step()  # one batch done, rows still pending, a prefetch in flight
         assert engine.has_unfinished()
     assert not engine.has_unfinished()
+
+
+def test_priority_lower_first_then_arrival(make_geotiff):
+    paths = [make_geotiff(bands=3, height=16, width=16) for _ in range(3)]
+    engine = Engine("identity", patch_size=16, stride=16, blend="none", max_batch_patches=1)
+    order = []
+    ids = {
+        engine.add_request(paths[0], out_format="tensor", priority=5): "late",
+        engine.add_request(paths[1], out_format="tensor", priority=0): "first",
+        engine.add_request(paths[2], out_format="tensor", priority=5): "later",
+    }
+    assert engine.queued_patches == 3
+    for result in engine.run_until_done():
+        order.append(ids[result.request_id])
+    assert order == ["first", "late", "later"]
+    assert engine.queued_patches == 0
+
+
+def test_cross_request_batching_off_keeps_batches_to_one_request(make_geotiff):
+    paths = [make_geotiff(bands=3, height=20, width=20) for _ in range(3)]
+    engine = Engine(
+        "identity",
+        patch_size=8,
+        stride=8,
+        blend="none",
+        cross_request_batching=False,
+        max_batch_patches=64,
+    )
+    seen: list[set[str]] = []
+    forward = engine._forward
+
+    def spy(batch):
+        seen.append({p.request.request_id for p in batch})
+        return forward(batch)
+
+    engine._forward = spy
+    outs = engine.generate_image(paths, out_format="tensor")
+    assert all(o.ok for o in outs)
+    assert all(len(ids) == 1 for ids in seen)
+    assert len(seen) >= 3
+
+
+def test_abort_request_drops_its_patches(make_geotiff):
+    path = make_geotiff(bands=3, height=64, width=64)
+    engine = Engine("identity", patch_size=8, stride=8, blend="none", max_batch_patches=4)
+    rid = engine.add_request(path, out_format="tensor")
+    engine.step()
+    assert engine.queued_patches == 64 - 4
+    assert engine.abort_request(rid)
+    assert not engine.abort_request(rid)
+    assert engine.queued_patches == 0 and not engine.has_unfinished()

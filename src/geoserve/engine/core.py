@@ -13,6 +13,7 @@ raises fails only the requests with patches in that batch; the engine keeps serv
 from __future__ import annotations
 
 import base64
+import bisect
 import contextlib
 import logging
 import tempfile
@@ -40,7 +41,7 @@ from geoserve.errors import (
     NotGeoreferencedWarning,
     ProcessorMismatchError,
 )
-from geoserve.processors.base import InputProcessor
+from geoserve.processors.base import InputProcessor, OutputProcessor
 from geoserve.processors.patcher import GeoTiffPatcher
 from geoserve.raster.source import DataFormat, RasterArray, RasterLike, open_raster
 from geoserve.raster.write import OutputRaster, geotiff_bytes, write_geotiff
@@ -74,6 +75,8 @@ class Engine:
         warmup: Run one dummy patch at start-up to check the model against its processors.
         prefetch: Read each request's next row of patches in a background thread while the
             model runs.
+        cross_request_batching: Fill batches from several requests (on by default); off, a
+            batch holds one request's patches only (the baseline the server benchmark uses).
 
     Raises:
         UnknownModelError, ProcessorMismatchError, ConfigError, WeightsError: at start-up.
@@ -96,6 +99,7 @@ class Engine:
         output_dir: str | Path | None = None,
         warmup: bool = True,
         prefetch: bool = True,
+        cross_request_batching: bool = True,
     ) -> None:
         self.spec, in_proc, out_proc = resolve_model(model)
         if not isinstance(max_batch_patches, int) or max_batch_patches < 1:
@@ -103,6 +107,7 @@ class Engine:
                 f"invalid max_batch_patches: {max_batch_patches!r}; must be a positive integer"
             )
         self.max_batch_patches = max_batch_patches
+        self.cross_request_batching = cross_request_batching
         self.in_proc = in_proc.replace(
             patch_size=patch_size,
             stride=stride,
@@ -173,7 +178,9 @@ class Engine:
         output_path: Path | None,
         data_format: DataFormat = "auto",
         in_proc: InputProcessor | None = None,
+        out_proc: OutputProcessor | None = None,
         tensor_shape: tuple[int, ...] | None = None,
+        priority: int = 0,
     ) -> Request:
         proc = in_proc or self.in_proc
         sources = []
@@ -200,12 +207,62 @@ class Engine:
             sources,
             ctx,
             proc,
-            self.out_proc,
+            out_proc or self.out_proc,
             out_format,
             output_path,
             tensor_shape=tensor_shape,
             reader=self._reader,
+            priority=priority,
         )
+
+    def prepare_request(
+        self,
+        inputs: ImageInput,
+        *,
+        request_id: str | None = None,
+        output_path: str | Path | None = None,
+        out_format: OutFormat = "path",
+        data_format: DataFormat = "auto",
+        bands: Sequence[int | str] | None = None,
+        output_kind: str | None = None,
+        priority: int = 0,
+    ) -> Request:
+        """Open and check one request's inputs (headers only, no pixels) without admitting it.
+
+        Safe to call from any thread: it reads the engine's configuration and nothing else.
+        ``bands`` and ``output_kind`` override the model's defaults for this request only.
+
+        Raises:
+            GeoServeError: a subclass naming the file, band or field at fault.
+        """
+        if out_format not in OUT_FORMATS:
+            raise ConfigError(
+                f"invalid out_format {out_format!r}; choose one of {', '.join(OUT_FORMATS)}"
+            )
+        dates = cast(
+            list[RasterLike], list(inputs) if isinstance(inputs, list | tuple) else [inputs]
+        )
+        in_proc = self.in_proc.replace(bands=tuple(bands)) if bands is not None else None
+        out_proc = self.out_proc.for_kind(output_kind) if output_kind else None
+        path = Path(output_path) if output_path is not None else None
+        rid = request_id or uuid.uuid4().hex[:12]
+        return self._new_request(
+            dates, rid, out_format, path, data_format, in_proc, out_proc, priority=priority
+        )
+
+    def admit(self, request: Request) -> None:
+        """Queue a prepared request: lower ``priority`` first, then arrival order."""
+        keys = [(r.priority, r.arrival) for r in self._active]
+        self._active.insert(bisect.bisect_right(keys, (request.priority, request.arrival)), request)
+
+    def abort_request(self, request_id: str) -> bool:
+        """Drop a pending request and its queued patches; True if it was pending."""
+        for req in self._active:
+            if req.request_id == request_id:
+                self._active.remove(req)
+                req.close()
+                return True
+        return False
 
     def add_request(
         self,
@@ -215,6 +272,7 @@ class Engine:
         output_path: str | Path | None = None,
         out_format: OutFormat = "path",
         data_format: DataFormat = "auto",
+        priority: int = 0,
     ) -> str:
         """Admit one request; its patches join the next batches. Returns the request id.
 
@@ -223,21 +281,25 @@ class Engine:
         :meth:`step`.
         """
         rid = request_id or uuid.uuid4().hex[:12]
-        dates = cast(
-            list[RasterLike], list(inputs) if isinstance(inputs, list | tuple) else [inputs]
-        )
         try:
-            if out_format not in OUT_FORMATS:
-                raise ConfigError(
-                    f"invalid out_format {out_format!r}; choose one of {', '.join(OUT_FORMATS)}"
-                )
-            path = Path(output_path) if output_path is not None else None
-            req = self._new_request(dates, rid, out_format, path, data_format)
+            req = self.prepare_request(
+                inputs,
+                request_id=rid,
+                output_path=output_path,
+                out_format=out_format,
+                data_format=data_format,
+                priority=priority,
+            )
         except GeoServeError as exc:
             self._failed.append(ImageRequestOutput(rid, finished=True, error=exc))
             return rid
-        self._active.append(req)
+        self.admit(req)
         return rid
+
+    @property
+    def queued_patches(self) -> int:
+        """Patches of pending requests not yet through the model (skipped ones included)."""
+        return sum(r.patches_left for r in self._active)
 
     def has_unfinished(self) -> bool:
         """Whether any request is still pending."""
@@ -265,7 +327,7 @@ class Engine:
                     break
                 batch.append(patch)
                 signature = req.signature
-            if len(batch) >= self.max_batch_patches:
+            if len(batch) >= self.max_batch_patches or (batch and not self.cross_request_batching):
                 break
         return batch
 
@@ -307,6 +369,7 @@ class Engine:
             t1 = time.perf_counter()
             req.out_channels = result.shape[0]
             req.canvas.add(patch.row, patch.col, req.out_proc.prepare_patch(result))
+            req.stitched += 1
             req.timings.stitch += time.perf_counter() - t1
             req.timings.model += share
 

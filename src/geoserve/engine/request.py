@@ -60,6 +60,10 @@ class Request:
     out_channels: int | None = None
     error: GeoServeError | None = None
     reader: Executor | None = None
+    priority: int = 0
+    arrival: float = field(default_factory=time.monotonic)
+    stitched: int = 0
+    skipped: int = 0
     _prefetch: Future[PatchRow] | None = None
 
     def __post_init__(self) -> None:
@@ -69,6 +73,11 @@ class Request:
     def rows_left(self) -> bool:
         """Whether grid rows remain to be read."""
         return self.next_row < self.ctx.grid.rows
+
+    @property
+    def patches_left(self) -> int:
+        """Upper bound of patches still to go through the model (nodata skips lower it)."""
+        return len(self.ctx.grid) - self.stitched - self.skipped
 
     @property
     def is_complete(self) -> bool:
@@ -115,6 +124,7 @@ class Request:
             for col, data in zip(row.cols, patches, strict=False):
                 self.queue.append(Patch(self, row.row, col, data))
             self.num_patches += len(row.cols)
+            self.skipped += self.ctx.grid.cols - len(row.cols)
             self.timings.read += time.perf_counter() - t0
         if not self.queue:
             return None
