@@ -234,4 +234,5 @@ def test_abort_request_drops_its_patches(make_geotiff):
     assert engine.queued_patches == 64 - 4
     assert engine.abort_request(rid)
     assert not engine.abort_request(rid)
-    assert engine.queued_patches == 0 and not engine.has_unfinished()
+    assert engine.queued_patches == 0
+    assert not engine.has_unfinished()
