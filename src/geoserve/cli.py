@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from geoserve.errors import GeoServeError
+from geoserve.errors import ConfigError, GeoServeError, PluginLoadError
 from geoserve.processors.base import OUTPUT_KINDS
 from geoserve.raster.grid import BLEND_MODES
 from geoserve.schemas import ImageRequestOutput
@@ -98,6 +98,94 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("-q", "--quiet", action="store_true", help="print errors only")
     p.add_argument(
+        "--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS
+    )
+
+    s = sub.add_parser("serve", help="serve a model over HTTP (needs geoserve[server])")
+    s.add_argument("-m", "--model", default=DEFAULT_MODEL, help="registered model name")
+    s.add_argument("--weights", metavar="FILE", help="local weights file for the model")
+    s.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1)")
+    s.add_argument("--port", type=int, default=8000, help="TCP port (default 8000)")
+    s.add_argument("--device", default="cpu", help="torch device")
+    s.add_argument("--dtype", help="autocast dtype on the device: bf16 or fp16")
+    s.add_argument(
+        "--batch-size",
+        "--max-batch-patches",
+        dest="max_batch_patches",
+        type=_positive,
+        default=16,
+        metavar="N",
+        help="most patches per forward pass",
+    )
+    s.add_argument(
+        "--max-wait-ms",
+        type=float,
+        default=0.0,
+        metavar="MS",
+        help="wait up to MS (from the oldest pending request) to fill a batch",
+    )
+    s.add_argument(
+        "--no-cross-request-batching",
+        dest="cross_request_batching",
+        action="store_false",
+        help="one request's patches per batch (benchmarks)",
+    )
+    s.add_argument(
+        "--max-queued-patches",
+        type=_positive,
+        default=4096,
+        metavar="N",
+        help="admission bound; beyond it 503 with Retry-After",
+    )
+    s.add_argument(
+        "--request-timeout",
+        dest="request_timeout_s",
+        type=float,
+        default=120.0,
+        metavar="S",
+        help="drop requests unfinished after S seconds (504)",
+    )
+    s.add_argument(
+        "--max-body-mb",
+        type=float,
+        default=200.0,
+        metavar="MB",
+        help="largest request body (413 beyond)",
+    )
+    s.add_argument(
+        "--max-pixels",
+        type=_positive,
+        default=400_000_000,
+        metavar="N",
+        help="largest decoded request: width*height*bands*dates (413 beyond)",
+    )
+    s.add_argument(
+        "--allowed-input-dir",
+        dest="allowed_input_dirs",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="allow 'path' inputs under DIR (repeatable)",
+    )
+    s.add_argument(
+        "--allowed-url-domain",
+        dest="allowed_url_domains",
+        action="append",
+        default=[],
+        metavar="HOST",
+        help="allow 'url' inputs from HOST (repeatable)",
+    )
+    s.add_argument("--output-dir", metavar="DIR", help="allow 'path' outputs, written in DIR")
+    s.add_argument("--api-key", help="require this key (or set GEOSERVE_API_KEY)")
+    s.add_argument(
+        "--shutdown-timeout",
+        dest="shutdown_timeout_s",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="on SIGTERM, let in-flight requests finish for S seconds",
+    )
+    s.add_argument(
         "--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS
     )
 
@@ -183,6 +271,31 @@ def _cmd_predict(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def _cmd_serve(args: argparse.Namespace) -> int:
+    try:
+        from geoserve.server.run import serve
+        from geoserve.server.settings import ServerSettings
+    except ImportError as exc:
+        raise PluginLoadError(
+            f"the server needs the 'server' extra: pip install 'geoserve[server]' ({exc})"
+        ) from exc
+    from pydantic import ValidationError
+
+    fields = set(ServerSettings.model_fields)
+    values = {k: v for k, v in vars(args).items() if k in fields and v is not None}
+    if values.get("api_key") is None:
+        values.pop("api_key", None)
+    try:
+        settings = ServerSettings(**values)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise ConfigError(f"--{'-'.join(map(str, first['loc']))}: {first['msg']}") from None
+    for directory in [*settings.allowed_input_dirs, settings.output_dir]:
+        if directory is not None and not directory.is_dir():
+            raise ConfigError(f"{directory}: not a directory")
+    return serve(settings)
+
+
 def _format_warning(message: Any, category: Any, *args: Any, **kwargs: Any) -> str:
     return f"geoserve: warning: {message}\n"
 
@@ -196,6 +309,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "models":
             return _cmd_models(args)
+        if args.command == "serve":
+            return _cmd_serve(args)
         return _cmd_predict(args)
     except GeoServeError as exc:
         if args.debug:

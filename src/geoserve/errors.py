@@ -86,6 +86,26 @@ class OutputWriteError(GeoServeError, OSError):
     """Raised when an output GeoTIFF cannot be written."""
 
 
+class PayloadTooLargeError(InputError):
+    """Raised when a request's body or decoded pixels exceed the configured limit."""
+
+
+class ForbiddenInputError(GeoServeError, PermissionError):
+    """Raised when a request names a path or URL outside what the server allows."""
+
+
+class QueueFullError(GeoServeError, RuntimeError):
+    """Raised when admitting a request would exceed the bound on queued patches."""
+
+
+class ShuttingDownError(GeoServeError, RuntimeError):
+    """Raised for new requests while the engine drains before shutdown."""
+
+
+class RequestTimeoutError(GeoServeError, TimeoutError):
+    """Raised when a request does not finish within its deadline (its patches are dropped)."""
+
+
 class GeoServeWarning(UserWarning):
     """Root of geoserve's warnings."""
 

@@ -120,6 +120,7 @@ class Engine:
         self._output_dir = Path(output_dir) if output_dir is not None else None
         self.model = build_model(self.spec, weights, self.device)
         self._active: list[Request] = []
+        self.last_batch_size = 0
         # one background thread reads each request's next grid row during forward passes
         self._reader = (
             ThreadPoolExecutor(1, thread_name_prefix="geoserve-read") if prefetch else None
@@ -334,6 +335,7 @@ class Engine:
     def step(self) -> list[ImageRequestOutput | TensorRequestOutput]:
         """Run one batch; return the requests that finished (or failed) during it."""
         batch = self._fill_batch()
+        self.last_batch_size = len(batch)
         if batch:
             self._run_batch(batch)
         done: list[ImageRequestOutput | TensorRequestOutput] = self._failed

@@ -1,0 +1,274 @@
+"""An asyncio front over :class:`Engine` for servers: one engine loop in a background thread.
+
+Callers ``await submit(...)``. Opening a request's inputs (header parsing, band checks) runs in
+a worker thread; reading, normalising, the forward passes, stitching and encoding run in the
+engine thread. The event loop only moves requests and results, so it stays responsive under
+load.
+
+Admission is bounded in patches: a request is refused with :class:`QueueFullError` when the
+queue is already full (before anything is decoded) or when its own patches would overflow it
+(checked on the header alone, before any pixel is read). Each step fills one batch from every
+pending request; with ``max_wait_ms`` > 0 the loop waits, at most that long after the oldest
+pending request arrived, for enough patches to fill a batch.
+
+This module has no web imports; the HTTP layer maps its errors to status codes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from geoserve.engine.core import Engine, ImageInput
+from geoserve.engine.request import Request
+from geoserve.errors import (
+    PayloadTooLargeError,
+    QueueFullError,
+    RequestTimeoutError,
+    ShuttingDownError,
+)
+from geoserve.raster.source import DataFormat
+from geoserve.schemas import ImageRequestOutput, OutFormat, TensorRequestOutput
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class EngineStats:
+    """Counters the engine thread updates after every step (read by metrics)."""
+
+    batches: int = 0
+    patches: int = 0
+    last_batch: int = 0
+    batch_sizes: list[int] = field(default_factory=list)
+
+
+class AsyncEngine:
+    """Runs an :class:`Engine` in a background thread and serves ``await submit(...)``.
+
+    Args:
+        engine: The engine to drive (owned by this object from now on).
+        max_queued_patches: Bound on patches admitted but not yet through the model.
+        max_pixels: Bound on a request's decoded size (width x height x bands x dates).
+        max_wait_ms: How long a batch may wait for more patches, counted from the oldest
+            pending request; 0 runs whatever is queued at once.
+        on_batch: Called in the engine thread with each batch's size (for metrics).
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        max_queued_patches: int = 4096,
+        max_pixels: int = 400_000_000,
+        max_wait_ms: float = 0.0,
+        on_batch: Callable[[int], None] | None = None,
+    ) -> None:
+        self.engine = engine
+        self.max_queued_patches = max_queued_patches
+        self.max_pixels = max_pixels
+        self.max_wait_s = max_wait_ms / 1000
+        self.on_batch = on_batch
+        self.stats = EngineStats()
+        self._inbox: queue.Queue[tuple[str, Any]] = queue.Queue()
+        self._futures: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Future[Any]]] = {}
+        self._reserved: dict[str, int] = {}
+        self._lock = threading.Lock()
+        self._closing = False
+        self._thread = threading.Thread(target=self._run, name="geoserve-engine", daemon=True)
+        self._thread.start()
+
+    # -- client side (event loop) -----------------------------------------------------------
+
+    @property
+    def queued_patches(self) -> int:
+        """Patches admitted and not yet through the model (reserved at admission)."""
+        with self._lock:
+            return sum(self._reserved.values())
+
+    @property
+    def in_flight(self) -> int:
+        """Requests admitted and not yet finished."""
+        with self._lock:
+            return len(self._reserved)
+
+    async def submit(
+        self,
+        inputs: ImageInput,
+        *,
+        request_id: str,
+        out_format: OutFormat = "bytes",
+        output_path: str | Path | None = None,
+        data_format: DataFormat = "auto",
+        bands: Sequence[int | str] | None = None,
+        output_kind: str | None = None,
+        priority: int = 0,
+        timeout: float | None = None,
+    ) -> ImageRequestOutput:
+        """Run one request; returns its output (errors are in ``.error``, or raised for
+        admission: :class:`QueueFullError`, :class:`PayloadTooLargeError`, input errors).
+
+        Cancelling the awaiting task (a client that disconnected) drops the request's queued
+        patches. A request past ``timeout`` seconds is dropped and raises
+        :class:`RequestTimeoutError`.
+        """
+        if self._closing:
+            raise ShuttingDownError("the engine is shutting down; retry on another replica")
+        if self.queued_patches >= self.max_queued_patches:
+            raise QueueFullError(
+                f"queue full ({self.max_queued_patches} patches pending); retry later"
+            )
+        req = await asyncio.to_thread(
+            self.engine.prepare_request,
+            inputs,
+            request_id=request_id,
+            output_path=output_path,
+            out_format=out_format,
+            data_format=data_format,
+            bands=bands,
+            output_kind=output_kind,
+            priority=priority,
+        )
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Any] = loop.create_future()
+        try:
+            self._reserve(req)
+        except BaseException:
+            req.close()
+            raise
+        self._futures[request_id] = (loop, fut)
+        self._inbox.put(("add", req))
+        try:
+            return await asyncio.wait_for(asyncio.shield(fut), timeout)
+        except TimeoutError:
+            self.abort(request_id)
+            raise RequestTimeoutError(
+                f"request {request_id} did not finish within {timeout:g} s; its work was dropped"
+            ) from None
+        except asyncio.CancelledError:
+            self.abort(request_id)
+            raise
+
+    def _reserve(self, req: Request) -> None:
+        info = req.sources[0].info
+        pixels = info.width * info.height * len(req.ctx.bands) * len(req.sources)
+        if pixels > self.max_pixels:
+            raise PayloadTooLargeError(
+                f"{info.name}: {info.width}x{info.height} x {len(req.ctx.bands)} band(s) x "
+                f"{len(req.sources)} date(s) = {pixels} pixels, over the limit of "
+                f"{self.max_pixels}"
+            )
+        n = len(req.ctx.grid)
+        with self._lock:
+            queued = sum(self._reserved.values())
+            if queued + n > self.max_queued_patches:
+                raise QueueFullError(
+                    f"queue full: {queued} patches pending, this request needs {n}, "
+                    f"limit {self.max_queued_patches}; retry later"
+                )
+            self._reserved[req.request_id] = n
+
+    def abort(self, request_id: str) -> None:
+        """Drop a request (from any thread); its future is cancelled."""
+        self._inbox.put(("abort", request_id))
+
+    async def drain(self, timeout: float) -> bool:
+        """Refuse new requests and wait up to ``timeout`` s for pending ones; True if done."""
+        self._closing = True
+        deadline = time.monotonic() + timeout
+        while self.in_flight and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        return self.in_flight == 0
+
+    def close(self) -> None:
+        """Stop the engine thread; pending requests are dropped."""
+        self._closing = True
+        self._inbox.put(("stop", None))
+        self._thread.join(timeout=30)
+        self.engine.close()
+
+    # -- engine thread ------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            block = not self.engine.has_unfinished()
+            if not self._take_inbox(block=block, timeout=None if block else 0.0):
+                break
+            if not self._wait_for_fill():
+                break
+            try:
+                results = self.engine.step()
+            except Exception:  # the engine isolates request errors; this is a bug guard
+                logger.exception("engine step failed")
+                continue
+            batch = self.engine.last_batch_size
+            if batch:
+                self.stats.batches += 1
+                self.stats.patches += batch
+                self.stats.last_batch = batch
+                if self.on_batch is not None:
+                    self.on_batch(batch)
+            for result in results:
+                self._resolve(result)
+
+    def _take_inbox(self, *, block: bool, timeout: float | None) -> bool:
+        """Apply queued adds/aborts; False when asked to stop."""
+        try:
+            item = self._inbox.get(block=block, timeout=timeout)
+        except queue.Empty:
+            return True
+        while True:
+            kind, payload = item
+            if kind == "stop":
+                return False
+            if kind == "add":
+                self.engine.admit(payload)
+            elif kind == "abort":
+                self.engine.abort_request(payload)
+                self._release(payload)
+                entry = self._futures.pop(payload, None)
+                if entry is not None:
+                    entry[0].call_soon_threadsafe(entry[1].cancel)
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                return True
+
+    def _wait_for_fill(self) -> bool:
+        """With max_wait_ms, hold the batch until it can be filled or the oldest waited enough."""
+        if self.max_wait_s <= 0:
+            return True
+        while self.engine.queued_patches < self.engine.max_batch_patches:
+            oldest = min((r.arrival for r in self.engine._active), default=None)  # noqa: SLF001
+            if oldest is None:
+                return True
+            remaining = oldest + self.max_wait_s - time.monotonic()
+            if remaining <= 0:
+                return True
+            if not self._take_inbox(block=True, timeout=remaining):
+                return False
+        return True
+
+    def _release(self, request_id: str) -> None:
+        with self._lock:
+            self._reserved.pop(request_id, None)
+
+    def _resolve(self, result: ImageRequestOutput | TensorRequestOutput) -> None:
+        self._release(result.request_id)
+        entry = self._futures.pop(result.request_id, None)
+        if entry is None:
+            return
+        loop, fut = entry
+
+        def settle() -> None:
+            if not fut.done():
+                fut.set_result(result)
+
+        loop.call_soon_threadsafe(settle)

@@ -1,0 +1,45 @@
+"""The one table from geoserve errors to HTTP status codes, and the error response body."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from geoserve.errors import (
+    ForbiddenInputError,
+    GeoServeError,
+    InputError,
+    ModelExecutionError,
+    PayloadTooLargeError,
+    QueueFullError,
+    RasterReadError,
+    RequestTimeoutError,
+    ShuttingDownError,
+    UnknownNameError,
+)
+
+# first match wins: subclasses before their parents
+STATUS_TABLE: tuple[tuple[type[Exception], int], ...] = (
+    (QueueFullError, 503),
+    (ShuttingDownError, 503),
+    (PayloadTooLargeError, 413),
+    (ForbiddenInputError, 403),
+    (RequestTimeoutError, 504),
+    (UnknownNameError, 404),
+    (ModelExecutionError, 500),
+    (RasterReadError, 400),
+    (InputError, 400),
+    (ValueError, 400),  # ConfigError, BandMismatchError, ...: the request's values are bad
+)
+
+
+def status_for(exc: GeoServeError) -> int:
+    """HTTP status for a geoserve error (500 when nothing more specific applies)."""
+    for cls, status in STATUS_TABLE:
+        if isinstance(exc, cls):
+            return status
+    return 500
+
+
+def error_body(message: str, status: int, kind: str) -> dict[str, Any]:
+    """The JSON error shape (as vLLM/OpenAI servers answer)."""
+    return {"object": "error", "message": message, "type": kind, "code": status}

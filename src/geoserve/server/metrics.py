@@ -1,0 +1,84 @@
+"""Prometheus metrics (``geoserve_`` prefix), one registry per app so several can coexist."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from geoserve.schemas import StageTimings
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+
+
+class Metrics:
+    """The server's metrics; see docs/serving.md for what each means."""
+
+    def __init__(self, max_batch_patches: int) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "geoserve_requests", "HTTP requests answered", ["endpoint", "status"], registry=r
+        )
+        self.errors = Counter(
+            "geoserve_errors", "Failed requests by error kind", ["kind"], registry=r
+        )
+        self.patches = Counter("geoserve_patches", "Patches through the model", registry=r)
+        self.batches = Counter("geoserve_batches", "Forward passes", registry=r)
+        buckets = sorted({1, 2, 4, 8, 16, 32, 64, 128, 256, max_batch_patches})
+        self.batch_size = Histogram(
+            "geoserve_batch_size_patches",
+            "Patches per forward pass",
+            buckets=[b for b in buckets if b <= max_batch_patches],
+            registry=r,
+        )
+        self.batch_fill = Histogram(
+            "geoserve_batch_fill_ratio",
+            "Batch size / max_batch_patches",
+            buckets=(0.125, 0.25, 0.5, 0.75, 1.0),
+            registry=r,
+        )
+        self.queue_depth = Gauge(
+            "geoserve_queue_depth_patches",
+            "Patches admitted, not yet through the model",
+            registry=r,
+        )
+        self.in_flight = Gauge(
+            "geoserve_requests_in_flight", "Requests admitted, not finished", registry=r
+        )
+        self.stage = Histogram(
+            "geoserve_stage_seconds",
+            "Per-request time in each stage",
+            ["stage"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.latency = Histogram(
+            "geoserve_request_duration_seconds",
+            "Request latency, admission to response",
+            ["endpoint"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self._max_batch = max_batch_patches
+
+    def bind(self, queue_depth: Callable[[], float], in_flight: Callable[[], float]) -> None:
+        """Read the gauges from the engine when scraped."""
+        self.queue_depth.set_function(queue_depth)
+        self.in_flight.set_function(in_flight)
+
+    def observe_batch(self, size: int) -> None:
+        """Record one forward pass (called from the engine thread)."""
+        self.batches.inc()
+        self.patches.inc(size)
+        self.batch_size.observe(size)
+        self.batch_fill.observe(size / self._max_batch)
+
+    def observe_stages(self, timings: StageTimings) -> None:
+        """Record a finished request's stage times."""
+        for stage in ("read", "model", "stitch", "write"):
+            self.stage.labels(stage=stage).observe(getattr(timings, stage))
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition."""
+        return generate_latest(self.registry)

@@ -1,0 +1,53 @@
+"""Server settings: every knob of ``geoserve serve``, validated, with its default and reason."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class ServerSettings(BaseModel):
+    """Settings of the HTTP server (CLI flags map one to one; see docs/serving.md)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str
+    """Registered model name to serve."""
+    weights: Path | None = None
+    """Local weights file for the model."""
+    host: str = "127.0.0.1"
+    """Interface to bind; loopback by default so nothing is exposed by accident."""
+    port: int = Field(8000, ge=0, le=65535)
+    """TCP port (0 picks a free one)."""
+    device: str = "cpu"
+    """Torch device for the model."""
+    dtype: str | None = None
+    """Autocast dtype (bf16, fp16)."""
+    max_batch_patches: int = Field(16, ge=1)
+    """Most patches per forward pass, drawn from all pending requests."""
+    max_wait_ms: float = Field(0.0, ge=0)
+    """How long a batch may wait to fill, from the oldest pending request (0: never wait)."""
+    cross_request_batching: bool = True
+    """Fill batches from several requests; off only to measure what batching buys."""
+    max_queued_patches: int = Field(4096, ge=1)
+    """Admission bound in patches; beyond it requests get 503 with Retry-After."""
+    request_timeout_s: float = Field(120.0, gt=0)
+    """A request still unfinished after this long is dropped with 504."""
+    max_body_mb: float = Field(200.0, gt=0)
+    """Largest request body, counted as it streams in; larger gets 413."""
+    max_pixels: int = Field(400_000_000, ge=1)
+    """Largest decoded request (width x height x bands x dates); larger gets 413."""
+    allowed_input_dirs: list[Path] = Field(default_factory=list)
+    """Directories that ``path`` inputs may name; empty: path inputs are refused."""
+    allowed_url_domains: list[str] = Field(default_factory=list)
+    """Host names that ``url`` inputs may fetch from; empty: URL inputs are refused."""
+    output_dir: Path | None = None
+    """Where ``path`` outputs are written; unset: path outputs are refused."""
+    api_key: str | None = Field(default_factory=lambda: os.environ.get("GEOSERVE_API_KEY"))
+    """Key every route but /health/* requires (Bearer or X-API-Key); env GEOSERVE_API_KEY."""
+    shutdown_timeout_s: float = Field(30.0, ge=0)
+    """On SIGTERM, how long in-flight requests may take to finish while new ones get 503."""
+    retry_after_s: int = Field(1, ge=0)
+    """Retry-After value sent with 503 responses."""
