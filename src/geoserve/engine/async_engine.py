@@ -112,8 +112,10 @@ class AsyncEngine:
         priority: int = 0,
         timeout: float | None = None,
     ) -> ImageRequestOutput:
-        """Run one request; returns its output (errors are in ``.error``, or raised for
-        admission: :class:`QueueFullError`, :class:`PayloadTooLargeError`, input errors).
+        """Run one request and return its output (a failure in the engine is in ``.error``).
+
+        Admission errors are raised: :class:`QueueFullError`, :class:`PayloadTooLargeError`,
+        and the input errors of :meth:`Engine.prepare_request`.
 
         Cancelling the awaiting task (a client that disconnected) drops the request's queued
         patches. A request past ``timeout`` seconds is dropped and raises

@@ -11,11 +11,13 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import threading
 import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any, Literal
 
 from fastapi import FastAPI, Request
@@ -25,7 +27,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from geoserve.engine import Engine
 from geoserve.engine.async_engine import AsyncEngine
-from geoserve.errors import ConfigError, ForbiddenInputError, GeoServeError, InputError
+from geoserve.errors import (
+    ConfigError,
+    ForbiddenInputError,
+    GeoServeError,
+    InputError,
+    ShuttingDownError,
+    UnknownModelError,
+)
 from geoserve.raster.source import DataFormat, RasterLike
 from geoserve.schemas import ImageRequestOutput, OutFormat
 from geoserve.server.errors import error_body, status_for
@@ -35,6 +44,9 @@ from geoserve.server.middleware import ClientDisconnected, GuardMiddleware
 from geoserve.server.settings import ServerSettings
 
 logger = logging.getLogger("geoserve.server")
+
+_REQUEST_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")
+_OUT_FORMATS: dict[str, OutFormat] = {"geotiff": "bytes", "b64_json": "b64", "path": "path"}
 
 InFormat = Literal["b64_json", "path", "url"]
 OutDataFormat = Literal["b64_json", "path", "geotiff"]
@@ -84,74 +96,83 @@ def _error_response(exc: GeoServeError, settings: ServerSettings) -> JSONRespons
     return JSONResponse(error_body(str(exc), status, type(exc).__name__), status, headers=headers)
 
 
-def create_app(settings: ServerSettings, *, engine: Engine | None = None) -> FastAPI:
-    """Build the FastAPI app; the model loads in the background (ready is 503 until then)."""
-    state: dict[str, Any] = {"engine": None, "draining": False, "load_error": None}
-    metrics = Metrics(settings.max_batch_patches)
+class _Service:
+    """Holds the app's settings, engine and metrics; its methods are the routes."""
 
-    def load() -> None:
+    def __init__(self, settings: ServerSettings, engine: Engine | None) -> None:
+        self.settings = settings
+        self.metrics = Metrics(settings.max_batch_patches)
+        self.state: dict[str, Any] = {"engine": None, "draining": False, "load_error": None}
+        self._given_engine = engine
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    def load(self) -> None:
+        """Build the engine (in a thread, so health answers while the model loads)."""
+        s = self.settings
         try:
-            eng = engine or Engine(
-                settings.model,
-                weights=settings.weights,
-                device=settings.device,
-                dtype=settings.dtype,
-                max_batch_patches=settings.max_batch_patches,
-                cross_request_batching=settings.cross_request_batching,
+            eng = self._given_engine or Engine(
+                s.model,
+                weights=s.weights,
+                device=s.device,
+                dtype=s.dtype,
+                max_batch_patches=s.max_batch_patches,
             )
-            eng.cross_request_batching = settings.cross_request_batching
+            eng.cross_request_batching = s.cross_request_batching
             async_engine = AsyncEngine(
                 eng,
-                max_queued_patches=settings.max_queued_patches,
-                max_pixels=settings.max_pixels,
-                max_wait_ms=settings.max_wait_ms,
-                on_batch=metrics.observe_batch,
+                max_queued_patches=s.max_queued_patches,
+                max_pixels=s.max_pixels,
+                max_wait_ms=s.max_wait_ms,
+                on_batch=self.metrics.observe_batch,
             )
-            metrics.bind(lambda: async_engine.queued_patches, lambda: async_engine.in_flight)
-            state["engine"] = async_engine
-            logger.info("model %s ready", settings.model)
+            self.metrics.bind(lambda: async_engine.queued_patches, lambda: async_engine.in_flight)
+            self.state["engine"] = async_engine
+            logger.info("model %s ready", s.model)
         except Exception as exc:  # reported by /health/ready and every request
-            logger.exception("model %s failed to load", settings.model)
-            state["load_error"] = exc
+            logger.exception("model %s failed to load", s.model)
+            self.state["load_error"] = exc
 
-    @asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        threading.Thread(target=load, name="geoserve-load", daemon=True).start()
-        yield
-        if state["engine"] is not None:
-            await asyncio.to_thread(state["engine"].close)
-
-    app = FastAPI(title="geoserve", version="0.1.0", lifespan=lifespan)
-    app.state.geoserve = state
-    app.state.settings = settings
-    app.state.metrics = metrics
-    app.add_middleware(GuardMiddleware, settings=settings, state=state, metrics=metrics)
-
-    @app.exception_handler(GeoServeError)
-    async def on_geoserve_error(request: Request, exc: GeoServeError) -> JSONResponse:
-        metrics.errors.labels(kind=type(exc).__name__).inc()
-        return _error_response(exc, settings)
-
-    @app.exception_handler(RequestValidationError)
-    async def on_validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-        metrics.errors.labels(kind="ValidationError").inc()
-        return JSONResponse(
-            error_body(_validation_message(exc.errors()), 422, "ValidationError"), 422
-        )
-
-    def ready_engine() -> AsyncEngine:
-        if state["load_error"] is not None:
-            raise ConfigError(f"model {settings.model!r} failed to load: {state['load_error']}")
-        eng = state["engine"]
+    def ready_engine(self) -> AsyncEngine:
+        """The engine, or the reason there is none yet."""
+        if self.state["load_error"] is not None:
+            raise ConfigError(
+                f"model {self.settings.model!r} failed to load: {self.state['load_error']}"
+            )
+        eng = self.state["engine"]
         if eng is None:
-            from geoserve.errors import ShuttingDownError
-
-            raise ShuttingDownError(f"model {settings.model!r} is still loading")
+            raise ShuttingDownError(f"model {self.settings.model!r} is still loading")
         return eng  # type: ignore[no-any-return]
 
+    # -- shared request path -------------------------------------------------------------------
+
+    async def gather_inputs(
+        self, items: list[str], data_format: str
+    ) -> tuple[list[RasterLike], DataFormat]:
+        """Apply the path/URL guards; base64 is decoded later, off the event loop."""
+        s = self.settings
+        if data_format == "path":
+            return [resolve_input_path(p, s.allowed_input_dirs) for p in items], "path"
+        if data_format == "url":
+            limit = int(s.max_body_mb * 1024 * 1024)
+            data = [await fetch_url(u, s.allowed_url_domains, limit) for u in items]
+            return list(data), "bytes"
+        return list(items), "b64"
+
+    def output_path(self, rid: str, out_format: str) -> Path | None:
+        """Where a ``path`` output goes: always under --output-dir, named by the server."""
+        if out_format != "path":
+            return None
+        if self.settings.output_dir is None:
+            raise ForbiddenInputError(
+                "path outputs are disabled on this server (start it with --output-dir DIR)"
+            )
+        return self.settings.output_dir / f"{rid}.tif"
+
     async def run(
+        self,
         request: Request,
-        inputs: RasterLike | list[RasterLike],
+        inputs: list[RasterLike],
         data_format: DataFormat,
         out_data_format: str,
         *,
@@ -159,85 +180,44 @@ def create_app(settings: ServerSettings, *, engine: Engine | None = None) -> Fas
         output_kind: str | None = None,
         priority: int = 0,
     ) -> tuple[str, ImageRequestOutput]:
-        eng = ready_engine()
+        """Submit one request and wait for it, unless the client leaves first."""
+        eng = self.ready_engine()
         rid = request.headers.get("x-request-id") or f"geo-{uuid.uuid4().hex}"
-        if not rid.replace("-", "").replace("_", "").isalnum() or len(rid) > 128:
-            raise InputError("X-Request-Id may hold only letters, digits, '-' and '_'")
-        out_format: OutFormat = {"geotiff": "bytes", "b64_json": "b64", "path": "path"}[
-            out_data_format
-        ]  # type: ignore[assignment]
-        output_path = None
-        if out_format == "path":
-            if settings.output_dir is None:
-                raise ForbiddenInputError(
-                    "path outputs are disabled on this server (start it with --output-dir DIR)"
-                )
-            output_path = settings.output_dir / f"{rid}.tif"
+        if not _REQUEST_ID.fullmatch(rid):
+            raise InputError("X-Request-Id may hold only letters, digits, '-' and '_' (<= 128)")
+        out_format = _OUT_FORMATS[out_data_format]
         t0 = time.perf_counter()
         job = eng.submit(
-            inputs,
+            inputs if len(inputs) > 1 else inputs[0],
             request_id=rid,
             out_format=out_format,
-            output_path=output_path,
+            output_path=self.output_path(rid, out_format),
             data_format=data_format,
             bands=bands,
             output_kind=output_kind,
             priority=priority,
-            timeout=settings.request_timeout_s,
+            timeout=self.settings.request_timeout_s,
         )
         result = await _unless_disconnected(request, job)
-        metrics.latency.labels(endpoint=request.url.path).observe(time.perf_counter() - t0)
+        self.metrics.latency.labels(endpoint=request.url.path).observe(time.perf_counter() - t0)
         if result.error is not None:
             raise result.error
-        metrics.observe_stages(result.timings)
+        self.metrics.observe_stages(result.timings)
         return rid, result
 
-    async def gather_inputs(
-        items: list[str], data_format: str
-    ) -> tuple[list[RasterLike], DataFormat]:
-        if data_format == "path":
-            paths = [resolve_input_path(p, settings.allowed_input_dirs) for p in items]
-            return list(paths), "path"
-        if data_format == "url":
-            limit = int(settings.max_body_mb * 1024 * 1024)
-            return [await fetch_url(u, settings.allowed_url_domains, limit) for u in items], (
-                "bytes"
-            )
-        return list(items), "b64"
+    # -- routes ----------------------------------------------------------------------------
 
-    @app.post("/v1/images", response_model=None)
-    async def images(request: Request) -> Response:
-        ctype = request.headers.get("content-type", "")
-        if ctype.startswith("multipart/form-data"):
-            form = await request.form()
-            uploads = form.getlist("file")
-            if not uploads:
-                raise InputError("multipart upload needs one or more 'file' parts")
-            files: list[RasterLike] = []
-            for up in uploads:
-                if isinstance(up, str):
-                    raise InputError("'file' must be a file part, not a text field")
-                files.append(await up.read())
-            body = _parse_json(
-                ImagesRequest,
-                json.dumps(
-                    {
-                        "data": "",
-                        "out_data_format": form.get("out_data_format") or "geotiff",
-                        "options": _form_json(form.get("options")),
-                        "priority": form.get("priority") or 0,
-                    }
-                ).encode(),
-            )
-            inputs: list[RasterLike] = files
-            data_format: DataFormat = "bytes"
+    async def images(self, request: Request) -> Response:
+        """POST /v1/images: multipart upload or JSON; GeoTIFF bytes or JSON back."""
+        if request.headers.get("content-type", "").startswith("multipart/form-data"):
+            body, inputs, data_format = await self._parse_multipart(request)
         else:
             body = _parse_json(ImagesRequest, await request.body())
             items = body.data if isinstance(body.data, list) else [body.data]
-            inputs, data_format = await gather_inputs(items, body.data_format)
-        rid, result = await run(
+            inputs, data_format = await self.gather_inputs(items, body.data_format)
+        rid, result = await self.run(
             request,
-            inputs if len(inputs) > 1 else inputs[0],
+            inputs,
             data_format,
             body.out_data_format,
             bands=body.options.bands,
@@ -248,16 +228,13 @@ def create_app(settings: ServerSettings, *, engine: Engine | None = None) -> Fas
         assert out is not None
         timings = {k: round(v, 4) for k, v in vars(result.timings).items()}
         if body.out_data_format == "geotiff":
-            return Response(
-                out.data,
-                media_type="image/tiff",
-                headers={"X-Request-Id": rid, "X-Geoserve-Timings": json.dumps(timings)},
-            )
+            headers = {"X-Request-Id": rid, "X-Geoserve-Timings": json.dumps(timings)}
+            return Response(out.data, media_type="image/tiff", headers=headers)
         return JSONResponse(
             {
                 "request_id": rid,
                 "created_at": int(time.time()),
-                "model": settings.model,
+                "model": self.settings.model,
                 "data_format": body.out_data_format,
                 "data": out.b64 if body.out_data_format == "b64_json" else str(out.path),
                 "width": out.width,
@@ -269,20 +246,43 @@ def create_app(settings: ServerSettings, *, engine: Engine | None = None) -> Fas
             }
         )
 
-    @app.post("/pooling", response_model=None)
-    async def pooling(request: Request) -> Response:
-        body = _parse_json(PoolingRequest, await request.body())
-        if body.model is not None and body.model != settings.model:
-            from geoserve.errors import UnknownModelError
+    async def _parse_multipart(
+        self, request: Request
+    ) -> tuple[ImagesRequest, list[RasterLike], DataFormat]:
+        form = await request.form()
+        files: list[RasterLike] = []
+        for part in form.getlist("file"):
+            if isinstance(part, str):
+                raise InputError("'file' must be a file part, not a text field")
+            files.append(await part.read())
+        if not files:
+            raise InputError("multipart upload needs one or more 'file' parts")
+        body = _parse_json(
+            ImagesRequest,
+            json.dumps(
+                {
+                    "data": "",
+                    "out_data_format": form.get("out_data_format") or "geotiff",
+                    "options": _form_json(form.get("options")),
+                    "priority": form.get("priority") or 0,
+                }
+            ).encode(),
+        )
+        return body, files, "bytes"
 
-            raise UnknownModelError(body.model, [settings.model])
-        inputs, data_format = await gather_inputs([body.data.data], body.data.data_format)
-        rid, result = await run(
+    async def pooling(self, request: Request) -> Response:
+        """POST /pooling: vLLM's IO-processor request and response shapes."""
+        body = _parse_json(PoolingRequest, await request.body())
+        if body.model is not None and body.model != self.settings.model:
+            raise UnknownModelError(body.model, [self.settings.model])
+        inputs, data_format = await self.gather_inputs([body.data.data], body.data.data_format)
+        bands = list(body.data.indices) if body.data.indices is not None else None
+        rid, result = await self.run(
             request,
-            inputs[0],
+            inputs,
             data_format,
             body.data.out_data_format,
-            bands=list(body.data.indices) if body.data.indices is not None else None,
+            bands=bands,
             priority=body.priority,
         )
         out = result.outputs
@@ -300,11 +300,11 @@ def create_app(settings: ServerSettings, *, engine: Engine | None = None) -> Fas
             }
         )
 
-    @app.get("/v1/models")
-    async def models() -> dict[str, Any]:
-        eng = state["engine"]
+    async def models(self) -> dict[str, Any]:
+        """GET /v1/models: the served model and its processors."""
+        eng = self.state["engine"]
         entry: dict[str, Any] = {
-            "id": settings.model,
+            "id": self.settings.model,
             "object": "model",
             "owned_by": "geoserve",
             "ready": eng is not None,
@@ -321,25 +321,59 @@ def create_app(settings: ServerSettings, *, engine: Engine | None = None) -> Fas
             entry["output"] = {"kind": out.kind, "classes": list(getattr(out, "classes", ()))}
         return {"object": "list", "data": [entry]}
 
-    @app.get("/health/live")
-    async def live() -> dict[str, str]:
-        return {"status": "ok"}
-
-    @app.get("/health/ready", response_model=None)
-    async def ready() -> Response:
-        if state["draining"]:
+    async def ready(self) -> Response:
+        """GET /health/ready: 200 once the model is loaded; 503 while loading or draining."""
+        if self.state["draining"]:
             return JSONResponse({"status": "draining"}, 503)
-        if state["load_error"] is not None:
-            return JSONResponse({"status": "failed", "message": str(state["load_error"])}, 503)
-        if state["engine"] is None:
+        if self.state["load_error"] is not None:
+            return JSONResponse({"status": "failed", "message": str(self.state["load_error"])}, 503)
+        if self.state["engine"] is None:
             return JSONResponse({"status": "loading"}, 503)
         return JSONResponse({"status": "ready"})
 
-    @app.get("/metrics")
-    async def metrics_route() -> Response:
-        return Response(metrics.render(), media_type="text/plain; version=0.0.4")
+    async def metrics_route(self) -> Response:
+        """GET /metrics: Prometheus text format."""
+        return Response(self.metrics.render(), media_type="text/plain; version=0.0.4")
 
+
+def create_app(settings: ServerSettings, *, engine: Engine | None = None) -> FastAPI:
+    """Build the FastAPI app; the model loads in the background (ready is 503 until then)."""
+    svc = _Service(settings, engine)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        threading.Thread(target=svc.load, name="geoserve-load", daemon=True).start()
+        yield
+        if svc.state["engine"] is not None:
+            await asyncio.to_thread(svc.state["engine"].close)
+
+    app = FastAPI(title="geoserve", version="0.1.0", lifespan=lifespan)
+    app.state.geoserve = svc.state
+    app.add_middleware(GuardMiddleware, settings=settings, state=svc.state, metrics=svc.metrics)
+
+    @app.exception_handler(GeoServeError)
+    async def on_geoserve_error(request: Request, exc: GeoServeError) -> JSONResponse:
+        svc.metrics.errors.labels(kind=type(exc).__name__).inc()
+        return _error_response(exc, settings)
+
+    @app.exception_handler(RequestValidationError)
+    async def on_validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        svc.metrics.errors.labels(kind="ValidationError").inc()
+        body = error_body(_validation_message(exc.errors()), 422, "ValidationError")
+        return JSONResponse(body, 422)
+
+    app.add_api_route("/v1/images", svc.images, methods=["POST"], response_model=None)
+    app.add_api_route("/pooling", svc.pooling, methods=["POST"], response_model=None)
+    app.add_api_route("/v1/models", svc.models, methods=["GET"])
+    app.add_api_route("/health/live", _live, methods=["GET"])
+    app.add_api_route("/health/ready", svc.ready, methods=["GET"], response_model=None)
+    app.add_api_route("/metrics", svc.metrics_route, methods=["GET"], response_model=None)
     return app
+
+
+async def _live() -> dict[str, str]:
+    """GET /health/live: the process answers."""
+    return {"status": "ok"}
 
 
 def _parse_json(model: type[BaseModel], raw: bytes) -> Any:

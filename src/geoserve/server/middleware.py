@@ -67,6 +67,7 @@ class GuardMiddleware:
         return hmac.compare_digest(given.encode(), key.encode())
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Apply the guards, then call the app."""
         if scope["type"] != "http" or scope["path"].startswith("/health/"):
             await self.app(scope, receive, send)
             return
