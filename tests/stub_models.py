@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import time
+
 import torch
 from torch import nn
 
@@ -94,3 +97,14 @@ class CoordsEcho(nn.Module):
         extra = torch.cat([temporal_coords.reshape(b, -1), location_coords], dim=1)
         planes = extra[:, :, None, None].expand(b, extra.shape[1], h, w)
         return torch.cat([x[:, 0], planes], dim=1)
+
+
+@MODEL_REGISTRY.register_model("test-slow")
+@INPUT_REGISTRY.register_input_processor(GeoTiffPatcher(patch_size=16, stride=16, blend="none"))
+@OUTPUT_REGISTRY.register_output_processor(RawReassembler())
+class Slow(nn.Module):
+    """Identity that sleeps GEOSERVE_TEST_SLOW seconds (default 0.05) per forward pass."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        time.sleep(float(os.environ.get("GEOSERVE_TEST_SLOW", "0.05")))
+        return x

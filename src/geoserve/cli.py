@@ -293,6 +293,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     for directory in [*settings.allowed_input_dirs, settings.output_dir]:
         if directory is not None and not directory.is_dir():
             raise ConfigError(f"{directory}: not a directory")
+    logging.getLogger("geoserve").setLevel(logging.INFO)
     return serve(settings)
 
 

@@ -42,6 +42,28 @@ async def _send_json(
     await send({"type": "http.response.body", "body": raw})
 
 
+class _Exchange:
+    """Wraps one request's receive/send: counts body bytes, notes when the response starts."""
+
+    def __init__(self, receive: Receive, send: Send, limit: int) -> None:
+        self._receive, self._send, self._limit = receive, send, limit
+        self.received = 0
+        self.started = False
+
+    async def receive(self) -> Message:
+        message = await self._receive()
+        if message["type"] == "http.request":
+            self.received += len(message.get("body", b""))
+            if self.received > self._limit:
+                raise BodyTooLarge()
+        return message
+
+    async def send(self, message: Message) -> None:
+        if message["type"] == "http.response.start":
+            self.started = True
+        await self._send(message)
+
+
 class GuardMiddleware:
     """See the module docstring."""
 
@@ -113,30 +135,12 @@ class GuardMiddleware:
                 ),
             )
             return
-        received = 0
-
-        async def receive_counted() -> Message:
-            nonlocal received
-            message = await receive()
-            if message["type"] == "http.request":
-                received += len(message.get("body", b""))
-                if received > self.limit:
-                    raise BodyTooLarge()
-            return message
-
-        started = False
-
-        async def send_tracked(message: Message) -> None:
-            nonlocal started
-            if message["type"] == "http.response.start":
-                started = True
-            await send(message)
-
+        ex = _Exchange(receive, send, self.limit)
         self.state["in_flight"] += 1
         try:
-            await self.app(scope, receive_counted, send_tracked)
+            await self.app(scope, ex.receive, ex.send)
         except BodyTooLarge:
-            if not started:
+            if not ex.started:
                 await _send_json(
                     send,
                     413,
@@ -150,7 +154,7 @@ class GuardMiddleware:
             logger.info("client disconnected; its request was cancelled")
         except Exception:
             logger.exception("unhandled error on %s", scope["path"])
-            if not started:
+            if not ex.started:
                 await _send_json(
                     send, 500, error_body("internal server error", 500, "InternalServerError")
                 )
