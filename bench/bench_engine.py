@@ -19,10 +19,14 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _docs import update_section  # noqa: E402
 
 from geoserve import (
     INPUT_REGISTRY,
@@ -143,29 +147,25 @@ def main() -> dict[str, object]:
     }
 
 
-def write_markdown(report: dict[str, object]) -> None:
+def write_markdown(report: dict[str, Any]) -> None:
     m = report["machine"]
     lines = [
-        "# Benchmarks",
-        "",
-        "Figures are written by the scripts in `bench/`; rerun them after changes that move them.",
-        "",
         "## Engine overhead (`bench/bench_engine.py`)",
         "",
         f"End-to-end `generate_image` (GeoTIFF in, GeoTIFF out) on the bundled lake scene "
         f"({report['size']}, patch 224, stride 192, `center` blend) with `bench-conv` (three "
         "3x3 convolutions, 32 channels), against the same model's forward passes over the same "
         "patches pre-cut in memory at the same batch size. Ratio = model-only time / end-to-end "
-        f"time. Medians of {REPEATS} runs.",
+        f"time. Medians of {REPEATS} interleaved runs.",
         "",
-        f"Machine: {m['cores']} cores ({m['cpu']}), no GPU, Python {m['python']}, "  # type: ignore[index]
-        f"torch {m['torch']}, {m['date']}.",  # type: ignore[index]
+        f"Machine: {m['cores']} cores ({m['cpu']}), no GPU, Python {m['python']}, "
+        f"torch {m['torch']}, {m['date']}.",
         "",
         "| batch | patches | end-to-end s | model only s | ratio | overhead | "
         "read s | model s | stitch s | write s |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
-    for r in report["results"]:  # type: ignore[attr-defined]
+    for r in report["results"]:
         s = r["stages_s"]
         lines.append(
             f"| {r['batch']} | {r['patches']} | {r['engine_s']} | {r['model_only_s']} | "
@@ -179,9 +179,8 @@ def write_markdown(report: dict[str, object]) -> None:
         "(the next row is read in a background thread while the model runs, so on 2 cores "
         "reading competes with the model's own threads rather than adding wall time). "
         "Run-to-run noise on this shared machine is about +-4 percentage points.",
-        "",
     ]
-    (ROOT / "docs" / "benchmarks.md").write_text("\n".join(lines))
+    update_section("engine", "\n".join(lines))
 
 
 if __name__ == "__main__":

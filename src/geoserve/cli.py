@@ -85,6 +85,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu", help="torch device (cpu, cuda, cuda:1)")
     p.add_argument("--dtype", help="autocast dtype on the device: bf16 or fp16")
     p.add_argument(
+        "--threads",
+        type=_positive,
+        metavar="N",
+        help="torch CPU threads for the model (default: torch's choice)",
+    )
+    p.add_argument(
         "--batch-size",
         type=_positive,
         default=16,
@@ -108,6 +114,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--port", type=int, default=8000, help="TCP port (default 8000)")
     s.add_argument("--device", default="cpu", help="torch device")
     s.add_argument("--dtype", help="autocast dtype on the device: bf16 or fp16")
+    s.add_argument(
+        "--threads",
+        type=_positive,
+        metavar="N",
+        help="torch CPU threads for the model (default: torch's choice)",
+    )
     s.add_argument(
         "--batch-size",
         "--max-batch-patches",
@@ -304,6 +316,10 @@ def _format_warning(message: Any, category: Any, *args: Any, **kwargs: Any) -> s
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit code."""
     args = build_parser().parse_args(argv)
+    if getattr(args, "threads", None):
+        import torch
+
+        torch.set_num_threads(args.threads)
     logging.basicConfig(level=logging.WARNING, format="geoserve: %(levelname)s: %(message)s")
     if not args.debug:
         warnings.formatwarning = _format_warning
