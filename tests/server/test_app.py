@@ -292,3 +292,66 @@ def test_metrics_exposes_geoserve_series(client, data_dir):
     assert 'stage="model"' in text
     assert 'stage="read"' in text
     assert 'stage="write"' in text
+
+
+def test_url_input_from_an_allowed_host(client, data_dir):
+    import http.server
+    import threading
+
+    class Redirect(http.server.SimpleHTTPRequestHandler):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, directory=str(data_dir), **kwargs)
+
+        def do_GET(self):  # noqa: N802
+            if self.path == "/moved.tif":
+                self.send_response(302)
+                self.send_header("Location", "/a.tif")
+                self.end_headers()
+                return
+            super().do_GET()
+
+        def log_message(self, *args):
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Redirect)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{httpd.server_address[1]}"
+    try:
+        resp = client.post(
+            "/v1/images",
+            json={"data": f"{base}/a.tif", "data_format": "url", "out_data_format": "geotiff"},
+        )
+        assert resp.status_code == 200, resp.text
+        np.testing.assert_array_equal(decode(resp.content)[0], offline(data_dir / "a.tif"))
+        moved = client.post("/v1/images", json={"data": f"{base}/moved.tif", "data_format": "url"})
+        assert moved.status_code == 403
+        assert "redirects are not followed" in moved.json()["message"]
+        missing = client.post("/v1/images", json={"data": f"{base}/nope.tif", "data_format": "url"})
+        assert missing.status_code == 400
+        assert "HTTP 404" in missing.json()["message"]
+    finally:
+        httpd.shutdown()
+
+
+def test_several_dates_in_one_upload(tmp_path):
+    from tests.server.conftest import running_server
+
+    parts = []
+    for t, date in enumerate(("2021-05-01", "2021-06-01")):
+        path = write_geotiff(
+            tmp_path / f"d{t}.tif",
+            np.full((2, 16, 16), t + 1, np.int16),
+            tags={"ACQUISITION_DATE": date},
+        )
+        parts.append(("file", (path.name, path.read_bytes())))
+    with running_server(model="test-coords") as url:
+        resp = httpx.post(f"{url}/v1/images", files=parts)
+        assert resp.status_code == 200, resp.text
+        data, _ = decode(resp.content)
+        assert (data[0] == 1).all()
+        assert (data[1] == 2).all()
+        assert (data[3] == 121).all()
+        assert (data[5] == 152).all()
+        one = httpx.post(f"{url}/v1/images", files=parts[:1])
+        assert one.status_code == 400
+        assert "takes 2 date(s) per request, got 1" in one.json()["message"]

@@ -89,5 +89,5 @@ async def fetch_url(url: str, domains: Sequence[str], max_bytes: int) -> bytes:
                     raise PayloadTooLargeError(f"{url}: larger than {max_bytes} bytes")
                 chunks.append(chunk)
     except httpx.HTTPError as exc:
-        raise InputError(f"{url}: download failed ({exc})") from exc
+        raise InputError(f"{url}: download failed ({type(exc).__name__}: {exc})") from exc
     return b"".join(chunks)

@@ -1,0 +1,105 @@
+"""AsyncEngine: admission bounds, batching wait, cancellation (no HTTP involved)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from geoserve import Engine, RasterArray
+from geoserve.engine.async_engine import AsyncEngine
+from geoserve.errors import PayloadTooLargeError, QueueFullError, RequestTimeoutError
+
+PROFILE = {"crs": "EPSG:32633", "transform": (10, 0, 0, 0, -10, 0)}
+
+
+def image(size: int, value: float = 1.0) -> RasterArray:
+    return RasterArray(np.full((1, size, size), value, dtype=np.float32), PROFILE)
+
+
+def make(**kwargs) -> tuple[AsyncEngine, list[int]]:
+    sizes: list[int] = []
+    engine = Engine("identity", patch_size=8, stride=8, blend="none", max_batch_patches=4)
+    return AsyncEngine(engine, on_batch=sizes.append, **kwargs), sizes
+
+
+def test_results_match_offline():
+    ae, _ = make()
+
+    async def main():
+        return await asyncio.gather(
+            *(ae.submit(image(s, s), request_id=f"r{s}", out_format="tensor") for s in (5, 17, 30))
+        )
+
+    try:
+        outs = asyncio.run(main())
+    finally:
+        ae.close()
+    for s, out in zip((5, 17, 30), outs, strict=True):
+        assert out.ok
+        np.testing.assert_array_equal(out.outputs.tensor.numpy(), np.full((1, s, s), s))
+
+
+def test_max_wait_lets_later_patches_join_the_batch():
+    ae, sizes = make(max_wait_ms=400)
+
+    async def main():
+        first = asyncio.create_task(ae.submit(image(8), request_id="a", out_format="tensor"))
+        await asyncio.sleep(0.1)
+        second = asyncio.create_task(ae.submit(image(8), request_id="b", out_format="tensor"))
+        return await asyncio.gather(first, second)
+
+    try:
+        outs = asyncio.run(main())
+    finally:
+        ae.close()
+    assert all(o.ok for o in outs)
+    assert sizes == [2]  # one forward pass held both requests' patches
+
+
+def test_without_wait_the_first_patch_runs_alone():
+    ae, sizes = make(max_wait_ms=0)
+
+    async def main():
+        await ae.submit(image(8), request_id="a", out_format="tensor")
+        await ae.submit(image(8), request_id="b", out_format="tensor")
+
+    try:
+        asyncio.run(main())
+    finally:
+        ae.close()
+    assert sizes == [1, 1]
+
+
+def test_admission_bounds():
+    ae, _ = make(max_queued_patches=10, max_pixels=1500)
+
+    async def main():
+        with pytest.raises(QueueFullError, match="needs 16"):
+            await ae.submit(image(32), request_id="big", out_format="tensor")
+        with pytest.raises(PayloadTooLargeError, match="over the limit of 1500"):
+            await ae.submit(image(40), request_id="huge", out_format="tensor")
+
+    try:
+        asyncio.run(main())
+        assert ae.queued_patches == 0
+    finally:
+        ae.close()
+
+
+def test_timeout_drops_request():
+    ae, _ = make()
+    ae.engine.model.forward = lambda x: (__import__("time").sleep(0.05), x)[1]
+
+    async def main():
+        with pytest.raises(RequestTimeoutError):
+            await ae.submit(image(64), request_id="slow", out_format="tensor", timeout=0.1)
+        await asyncio.sleep(0.2)
+
+    try:
+        asyncio.run(main())
+        assert ae.queued_patches == 0
+        assert ae.in_flight == 0
+    finally:
+        ae.close()
