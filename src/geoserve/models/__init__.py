@@ -1,1 +1,21 @@
 """Models shipped with geoserve (registered through the ``geoserve.plugins`` entry point)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+
+def load_checkpoint(
+    path: str | Path, *, variant: str | None = None, config: dict[str, Any] | None = None
+) -> nn.Module:
+    """Build and load a Prithvi model from a local checkpoint.
+
+    See :func:`geoserve.models.prithvi.load_checkpoint`; imported lazily so that plain
+    ``import geoserve`` does not import timm.
+    """
+    from geoserve.models.prithvi import load_checkpoint as load
+
+    return load(path, variant=variant, config=config)

@@ -1,0 +1,291 @@
+"""Loading Prithvi checkpoints from local files (``.pt``, ``.pth``, ``.ckpt``, ``.safetensors``).
+
+Key normalisation (anchor_prithvi.md A2), applied in this order:
+
+1. unwrap ``state_dict`` (Lightning, mmcv) and keep tensors only (optimizer, loss and metric
+   entries fall away);
+2. drop ``_timm_module.`` (TerraTorch <= 0.99.7) and a leading ``model.`` (Lightning);
+3. mmseg prefixes: ``backbone.`` -> ``encoder.``; ``auxiliary_head.`` / ``aux_heads.`` dropped
+   (training only);
+4. v1 bare keys (no ``encoder.``/``decoder.`` prefix): decoder-ish keys (containing
+   ``decoder`` or ``_dec``, or ``mask_token``) -> ``decoder.``, the rest -> ``encoder.``;
+5. every ``pos_embed`` is dropped: the model keeps the one it computes.
+
+Then the model is built (from ``variant``, a config next to the checkpoint, or the shapes in the
+checkpoint) and loaded strictly; missing and unexpected keys are reported by name.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from geoserve.errors import WeightsError
+from geoserve.models.prithvi.mae import PrithviMAE
+from geoserve.models.prithvi.segmentation import PrithviSegmentation
+from geoserve.models.prithvi.variants import FEATURE_INDICES, VARIANTS, encoder_kwargs
+
+_TRAINING_ONLY = (
+    "auxiliary_head.",
+    "aux_heads.",
+    "criterion.",
+    "loss",
+    "train_metrics",
+    "val_metrics",
+    "test_metrics",
+)
+
+
+def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
+    """The tensors of a checkpoint file, unwrapped from ``state_dict`` if needed.
+
+    Raises:
+        WeightsError: missing, truncated or unreadable file.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise WeightsError(f"{path}: checkpoint not found")
+    try:
+        if path.suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            raw: Any = load_file(str(path))
+        else:
+            raw = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        raise WeightsError(f"{path}: cannot read checkpoint ({type(exc).__name__}: {exc})") from exc
+    if isinstance(raw, Mapping) and isinstance(raw.get("state_dict"), Mapping):
+        raw = raw["state_dict"]
+    if not isinstance(raw, Mapping):
+        raise WeightsError(f"{path}: not a state dict (got {type(raw).__name__})")
+    return {k: v for k, v in raw.items() if isinstance(v, torch.Tensor)}
+
+
+def normalize_keys(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Map any supported layout to geoserve's names (see the module docstring)."""
+    out: dict[str, torch.Tensor] = {}
+    for key, value in state.items():
+        k = key.replace("_timm_module.", "")
+        if k.startswith("model."):
+            k = k[len("model.") :]
+        if k.startswith("backbone."):
+            k = "encoder." + k[len("backbone.") :]
+        if k.startswith(_TRAINING_ONLY):
+            continue
+        out[k] = value
+    prefixes = ("encoder.", "decoder.", "head.", "neck.", "decode_head.")
+    if not any(k.startswith(prefixes) for k in out):  # v1 bare MAE keys
+        out = {
+            ("decoder." if ("decoder" in k or "_dec" in k or k == "mask_token") else "encoder.")
+            + k: v
+            for k, v in out.items()
+        }
+    return {k: v for k, v in out.items() if not k.endswith("pos_embed")}
+
+
+def infer_config(state: Mapping[str, torch.Tensor]) -> dict[str, Any]:
+    """Architecture arguments read off the tensor shapes."""
+    try:
+        proj = state["encoder.patch_embed.proj.weight"]  # (D, C, t, p, p)
+    except KeyError:
+        raise WeightsError(
+            "not a Prithvi checkpoint: no encoder patch embedding "
+            "(encoder.patch_embed.proj.weight or a known prefix of it)"
+        ) from None
+    embed_dim, in_chans, _, p, _ = proj.shape
+    depth = 1 + max(
+        int(m.group(1)) for k in state if (m := re.match(r"encoder\.blocks\.(\d+)\.", k))
+    )
+    variant = next(
+        (
+            v
+            for v, a in VARIANTS.items()
+            if a["embed_dim"] == embed_dim and a["depth"] == depth and a["patch_size"] == p
+        ),
+        None,
+    )
+    heads = VARIANTS[variant]["num_heads"] if variant else max(1, embed_dim // 64)
+    cfg: dict[str, Any] = dict(
+        embed_dim=int(embed_dim),
+        depth=depth,
+        num_heads=heads,
+        patch_size=int(p),
+        in_chans=int(in_chans),
+    )
+    coords = tuple(
+        name
+        for name, key in (
+            ("time", "encoder.temporal_embed_enc.scale"),
+            ("location", "encoder.location_embed_enc.scale"),
+        )
+        if key in state
+    )
+    if coords:
+        cfg["coords_encoding"] = coords
+        cfg["coords_scale_learn"] = True
+    if "decoder.decoder_pred.weight" in state:
+        cfg["kind"] = "mae"
+        cfg["decoder_embed_dim"] = int(state["decoder.decoder_embed.weight"].shape[0])
+        cfg["decoder_depth"] = 1 + max(
+            int(m.group(1))
+            for k in state
+            if (m := re.match(r"decoder\.decoder_blocks\.(\d+)\.", k))
+        )
+    elif "head.head.2.weight" in state:
+        cfg["kind"] = "upernet"
+        cfg["num_classes"] = int(state["head.head.2.weight"].shape[0])
+        cfg["decoder_channels"] = int(state["head.head.2.weight"].shape[1])
+        lateral = state.get("decoder.lateral_convs.2.conv.weight")
+        if lateral is not None:
+            cfg["num_frames"] = max(1, int(lateral.shape[1]) // int(embed_dim))
+    else:
+        cfg["kind"] = "encoder"
+    return cfg
+
+
+def read_config(path: Path) -> dict[str, Any]:
+    """Architecture arguments from a config next to the checkpoint, if one is there."""
+    for name in ("config.json", "config.yaml"):
+        cfg_path = path.parent / name
+        if cfg_path.is_file():
+            return parse_config(cfg_path)
+    return {}
+
+
+def parse_config(cfg_path: Path) -> dict[str, Any]:
+    """Architecture arguments from a config file.
+
+    Reads an HF ``config.json`` (``pretrained_cfg``), a v1 ``config.yaml`` (``model_args``) or
+    a TerraTorch fine-tune ``config.yaml`` (``model.init_args.model_args``).
+
+    Raises:
+        WeightsError: the file cannot be parsed.
+    """
+    try:
+        if cfg_path.suffix == ".json":
+            raw = json.loads(cfg_path.read_text())
+        else:
+            import yaml
+
+            raw = yaml.safe_load(cfg_path.read_text())
+    except Exception as exc:
+        raise WeightsError(f"{cfg_path}: cannot parse config ({exc})") from exc
+    cfg: dict[str, Any] = {}
+    if "pretrained_cfg" in raw:
+        src = raw["pretrained_cfg"]
+    elif "model_args" in raw:
+        src = raw["model_args"]
+    else:
+        src = raw.get("model", {}).get("init_args", {}).get("model_args", {})
+        if "backbone" in src and src["backbone"] in VARIANTS:
+            cfg.update(VARIANTS[src["backbone"]])
+        for key in ("num_frames", "img_size", "in_chans"):
+            if f"backbone_{key}" in src:
+                cfg[key] = src[f"backbone_{key}"]
+        if "num_classes" in src:
+            cfg["num_classes"] = src["num_classes"]
+        return cfg
+    for key in (
+        "img_size",
+        "num_frames",
+        "in_chans",
+        "embed_dim",
+        "depth",
+        "num_heads",
+        "decoder_embed_dim",
+        "decoder_depth",
+        "decoder_num_heads",
+        "coords_encoding",
+        "coords_scale_learn",
+        "mean",
+        "std",
+        "bands",
+    ):
+        if key in src:
+            cfg[key] = src[key]
+    if "patch_size" in src:
+        ps = src["patch_size"]
+        cfg["patch_size"] = ps if isinstance(ps, int) else int(ps[-1])
+    return cfg
+
+
+def build_model(cfg: Mapping[str, Any]) -> nn.Module:
+    """A Prithvi model of kind ``mae``, ``upernet`` or ``encoder`` from arguments."""
+    cfg = dict(cfg)
+    kind = cfg.pop("kind", "encoder")
+    for key in ("mean", "std", "bands"):
+        cfg.pop(key, None)
+    if kind == "mae":
+        return PrithviMAE(**cfg)
+    if kind == "upernet":
+        indices = cfg.pop("feature_indices", None) or FEATURE_INDICES.get(cfg["depth"])
+        if indices is None:
+            raise WeightsError(f"no feature indices known for depth {cfg['depth']}")
+        return PrithviSegmentation(feature_indices=indices, **cfg)
+    from geoserve.models.prithvi.encoder import PrithviViT
+
+    class _Encoder(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.encoder = PrithviViT(**cfg)
+
+        def forward(self, x: torch.Tensor, **kw: Any) -> Any:
+            return self.encoder.forward_features(x, **kw)
+
+    return _Encoder()
+
+
+def load_checkpoint(
+    path: str | Path,
+    *,
+    variant: str | None = None,
+    config: Mapping[str, Any] | None = None,
+) -> nn.Module:
+    """Build the model a checkpoint holds and load it strictly.
+
+    Architecture comes from, in increasing precedence: the checkpoint's shapes, a config file
+    beside it, ``variant``, and ``config`` (e.g. command-line options).
+
+    Raises:
+        WeightsError: unreadable file, unknown layout, or keys/shapes that do not match, with
+            the offending keys named.
+    """
+    path = Path(path)
+    state = normalize_keys(read_state_dict(path))
+    cfg = infer_config(state)
+    cfg.update(read_config(path))
+    if variant is not None:
+        cfg.update(encoder_kwargs(variant))
+    cfg.update(config or {})
+    try:
+        model = build_model(cfg)
+    except TypeError as exc:
+        raise WeightsError(f"{path}: config does not fit the model ({exc})") from exc
+    own = model.state_dict()
+    for key, value in own.items():  # the model's own computed embeddings are kept
+        if key.endswith("pos_embed"):
+            state[key] = value
+    missing = sorted(set(own) - set(state))
+    unexpected = sorted(set(state) - set(own))
+    wrong = sorted(k for k in set(own) & set(state) if own[k].shape != state[k].shape)
+    if missing or unexpected or wrong:
+        detail = []
+        if missing:
+            detail.append(f"missing {missing[:8]}{' ...' if len(missing) > 8 else ''}")
+        if unexpected:
+            detail.append(f"unexpected {unexpected[:8]}{' ...' if len(unexpected) > 8 else ''}")
+        if wrong:
+            k = wrong[0]
+            detail.append(
+                f"shape mismatch at {k}: checkpoint {tuple(state[k].shape)}, "
+                f"model {tuple(own[k].shape)} ({len(wrong)} keys differ)"
+            )
+        raise WeightsError(f"{path}: checkpoint does not match the model: " + "; ".join(detail))
+    model.load_state_dict(state, strict=True)
+    return model.eval()
