@@ -67,7 +67,9 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     return {k: v for k, v in raw.items() if isinstance(v, torch.Tensor)}
 
 
-def normalize_keys(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def normalize_keys(
+    state: Mapping[str, torch.Tensor], *, keep_pos_embed: bool = False
+) -> dict[str, torch.Tensor]:
     """Map any supported layout to geoserve's names (see the module docstring)."""
     out: dict[str, torch.Tensor] = {}
     for key, value in state.items():
@@ -86,6 +88,8 @@ def normalize_keys(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]
             + k: v
             for k, v in out.items()
         }
+    if keep_pos_embed:
+        return out
     return {k: v for k, v in out.items() if not k.endswith("pos_embed")}
 
 
@@ -129,6 +133,14 @@ def infer_config(state: Mapping[str, torch.Tensor]) -> dict[str, Any]:
     if coords:
         cfg["coords_encoding"] = coords
         cfg["coords_scale_learn"] = True
+    pos = state.get("encoder.pos_embed")
+    if pos is not None:  # its token count gives the configured grid: T x (img/p)^2
+        tokens = int(pos.shape[1]) - 1
+        per_frame = (224 // int(p)) ** 2
+        if tokens % per_frame == 0:
+            cfg["img_size"], cfg["num_frames"] = 224, tokens // per_frame
+        else:
+            cfg["img_size"], cfg["num_frames"] = int(round(tokens**0.5)) * int(p), 1
     if "decoder.decoder_pred.weight" in state:
         cfg["kind"] = "mae"
         cfg["decoder_embed_dim"] = int(state["decoder.decoder_embed.weight"].shape[0])
@@ -142,7 +154,7 @@ def infer_config(state: Mapping[str, torch.Tensor]) -> dict[str, Any]:
         cfg["num_classes"] = int(state["head.head.2.weight"].shape[0])
         cfg["decoder_channels"] = int(state["head.head.2.weight"].shape[1])
         lateral = state.get("decoder.lateral_convs.2.conv.weight")
-        if lateral is not None:
+        if lateral is not None and "encoder.pos_embed" not in state:
             cfg["num_frames"] = max(1, int(lateral.shape[1]) // int(embed_dim))
     else:
         cfg["kind"] = "encoder"
@@ -257,8 +269,9 @@ def load_checkpoint(
             the offending keys named.
     """
     path = Path(path)
-    state = normalize_keys(read_state_dict(path))
+    state = normalize_keys(read_state_dict(path), keep_pos_embed=True)
     cfg = infer_config(state)
+    state = {k: v for k, v in state.items() if not k.endswith("pos_embed")}
     cfg.update(read_config(path))
     if variant is not None:
         cfg.update(encoder_kwargs(variant))

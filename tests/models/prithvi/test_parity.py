@@ -1,0 +1,151 @@
+"""Parity with the reference implementation (TerraTorch's modules, random weights).
+
+Small widths and depths: the architecture is under test, not the size.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from einops import rearrange
+
+from geoserve.models import load_checkpoint
+from tests.models.prithvi.reference import load
+
+TOL = 1e-4
+SMALL = dict(embed_dim=64, depth=4, num_heads=4, in_chans=6, img_size=224)
+
+
+@pytest.fixture(scope="module")
+def ref():
+    torch.manual_seed(0)
+    return load()
+
+
+def coords(batch: int, frames: int) -> tuple[torch.Tensor, torch.Tensor]:
+    years = torch.tensor([[2018.0 + t, 26.0 + 40 * t] for t in range(frames)])
+    temporal = years.unsqueeze(0).repeat(batch, 1, 1)
+    location = torch.tensor([[-0.76, 38.1]] * batch)
+    return temporal, location
+
+
+def _randomize(module: torch.nn.Module) -> None:
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * (0.02 if "weight" in name else 0.1))
+        for name, b in module.named_buffers():
+            if name.endswith(("running_mean", "running_var")):
+                b.copy_(torch.rand(b.shape, generator=g) + (0.5 if "var" in name else 0))
+
+
+@pytest.mark.parametrize("frames", [1, 3])
+@pytest.mark.parametrize("size", [224, 512])
+@pytest.mark.parametrize("with_coords", [False, True])
+def test_encoder_features_match(ref, tmp_path, frames, size, with_coords):
+    reference = ref.mae.PrithviViT(patch_size=(1, 16, 16), num_frames=frames,
+                                   coords_encoding=["time", "location"],
+                                   coords_scale_learn=True, **SMALL).eval()
+    _randomize(reference)
+    path = tmp_path / "bare_encoder.pt"
+    torch.save(reference.state_dict(), path)  # bare keys, v1 style
+    ours = load_checkpoint(path, config={"num_heads": 4})
+    x = torch.randn(2, 6, frames, size, size)
+    kw = {}
+    if with_coords:
+        kw["temporal_coords"], kw["location_coords"] = coords(2, frames)
+    with torch.inference_mode():
+        expected = reference.forward_features(x, **kw)
+        got = ours.encoder.forward_features(x, **kw)
+    assert len(got) == len(expected) == SMALL["depth"]
+    for a, b in zip(got, expected, strict=True):
+        assert a.shape == b.shape
+        assert (a - b).abs().max() <= TOL
+
+
+@pytest.mark.parametrize("layout", ["v1_bare", "v2_prefixed", "safetensors"])
+def test_mae_reconstruction_matches(ref, tmp_path, layout):
+    reference = ref.mae.PrithviMAE(patch_size=(1, 16, 16), num_frames=3,
+                                   decoder_embed_dim=32, decoder_depth=2, decoder_num_heads=4,
+                                   coords_encoding=["time", "location"],
+                                   coords_scale_learn=True, **SMALL).eval()
+    _randomize(reference)
+    state = reference.state_dict()
+    if layout == "v1_bare":
+        state = {k.split(".", 1)[1]: v for k, v in state.items()}
+        path = tmp_path / "Prithvi_100M.pt"
+        torch.save(state, path)
+    elif layout == "safetensors":
+        from safetensors.torch import save_file
+
+        path = tmp_path / "mae.safetensors"
+        save_file({k: v.contiguous() for k, v in state.items()}, str(path))
+    else:
+        path = tmp_path / "Prithvi_EO_V2.pt"
+        torch.save(state, path)
+    ours = load_checkpoint(path, config={"num_heads": 4, "decoder_num_heads": 4})
+    x = torch.randn(2, 6, 3, 224, 224)
+    temporal, location = coords(2, 3)
+    with torch.inference_mode():
+        latent, _, ids_restore = reference.encoder(x, temporal, location, mask_ratio=0.0)
+        pred = reference.decoder(latent, ids_restore, temporal, location, input_size=x.shape)
+        expected = reference.unpatchify(pred, image_size=(224, 224))
+        got = ours(x, temporal, location)
+    assert got.shape == expected.shape == x.shape
+    assert (got - expected).abs().max() <= TOL
+
+
+def reference_segmentation(ref, frames: int):
+    """TerraTorch's fine-tune pipeline: encoder, neck, UperNet, head (PixelWiseModel.forward)."""
+    enc = ref.mae.PrithviViT(patch_size=(1, 16, 16), num_frames=frames,
+                             coords_encoding=["time", "location"], coords_scale_learn=True,
+                             **SMALL)
+    channels = [SMALL["embed_dim"] * frames] * 4
+    neck = ref.necks.LearnedInterpolateToPyramidal(channels)
+    dec = ref.upernet.UperNetDecoder(neck.process_channel_list(channels), channels=32)
+    head = ref.heads.SegmentationHead(32, num_classes=3, dropout=0.1)
+    modules = torch.nn.ModuleDict({"encoder": enc, "neck": neck, "decoder": dec, "head": head})
+    _randomize(modules)
+    modules.eval()
+    indices = (0, 1, 2, 3)
+
+    def forward(x, **kw):
+        size = x.shape[-2:]
+        x = ref.utils.pad_images(x, (1, 16, 16), "reflect")
+        feats = enc.forward_features(x, **kw)
+        gh, gw = x.shape[-2] // 16, x.shape[-1] // 16
+        maps = [rearrange(feats[i][:, 1:], "b (t h w) e -> b (t e) h w", t=frames, h=gh, w=gw)
+                for i in indices]
+        out = head(dec(neck(maps)))
+        out = torch.nn.functional.interpolate(out, size=x.shape[-2:], mode="bilinear")
+        return ref.utils.center_crop(out, size)
+
+    return modules, forward
+
+
+def lightning_state(modules, timm_wrapped: bool) -> dict:
+    state = {}
+    for k, v in modules.state_dict().items():
+        if k.startswith("neck."):
+            k = "decoder." + k[len("neck."):]  # TerraTorch 1.1 kept the scale modules here
+        if timm_wrapped and k.startswith("encoder."):
+            k = "encoder._timm_module." + k[len("encoder."):]
+        state["model." + k] = v
+    return {"state_dict": state, "epoch": 3, "optimizer_states": [], "hyper_parameters": {}}
+
+
+@pytest.mark.parametrize("frames", [1, 3])
+@pytest.mark.parametrize("size", [224, 200])
+@pytest.mark.parametrize("timm_wrapped", [False, True])
+def test_segmentation_logits_match(ref, tmp_path, frames, size, timm_wrapped):
+    modules, forward = reference_segmentation(ref, frames)
+    path = tmp_path / "finetune.ckpt"
+    torch.save(lightning_state(modules, timm_wrapped), path)
+    ours = load_checkpoint(path, config={"num_heads": 4, "feature_indices": (0, 1, 2, 3)})
+    x = torch.randn(2, 6, frames, size, size)
+    temporal, location = coords(2, frames)
+    with torch.inference_mode():
+        expected = forward(x, location_coords=location, temporal_coords=temporal)
+        got = ours(x, temporal_coords=temporal, location_coords=location)
+    assert got.shape == (2, 3, size, size)
+    assert (got - expected).abs().max() <= TOL
