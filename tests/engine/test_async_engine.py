@@ -103,3 +103,35 @@ def test_timeout_drops_request():
         assert ae.in_flight == 0
     finally:
         ae.close()
+
+
+def test_a_bug_in_output_processing_fails_the_request_not_the_loop():
+    ae, _ = make()
+    real = ae.engine.out_proc
+
+    class Broken:
+        kind = "raw"
+        out_channels = None
+
+        def prepare_patch(self, patch):
+            return patch
+
+        def finalize(self, *args):
+            raise AttributeError("bug")
+
+    ae.engine.out_proc = Broken()
+
+    async def main():
+        return await ae.submit(image(8), request_id="x", out_format="tensor")
+
+    try:
+        out = asyncio.run(asyncio.wait_for(main(), 10))
+        assert out.error is not None
+        assert "output processing failed" in str(out.error)
+        ae.engine.out_proc = real
+        again = asyncio.run(
+            asyncio.wait_for(ae.submit(image(8), request_id="y", out_format="tensor"), 10)
+        )
+        assert again.ok
+    finally:
+        ae.close()

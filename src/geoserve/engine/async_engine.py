@@ -29,6 +29,7 @@ from typing import Any
 from geoserve.engine.core import Engine, ImageInput
 from geoserve.engine.request import Request
 from geoserve.errors import (
+    GeoServeError,
     PayloadTooLargeError,
     QueueFullError,
     RequestTimeoutError,
@@ -207,8 +208,9 @@ class AsyncEngine:
                 break
             try:
                 results = self.engine.step()
-            except Exception:  # the engine isolates request errors; this is a bug guard
+            except Exception as exc:  # the engine isolates request errors; this guards bugs
                 logger.exception("engine step failed")
+                self._fail_all(GeoServeError(f"internal engine error: {exc!r}"))
                 continue
             batch = self.engine.last_batch_size
             if batch:
@@ -257,6 +259,13 @@ class AsyncEngine:
             if not self._take_inbox(block=True, timeout=remaining):
                 return False
         return True
+
+    def _fail_all(self, error: GeoServeError) -> None:
+        """Fail every pending request, so no caller waits forever after an engine bug."""
+        for req in list(self.engine._active):  # noqa: SLF001
+            self.engine.abort_request(req.request_id)
+        for rid in list(self._futures):
+            self._resolve(ImageRequestOutput(rid, finished=True, error=error))
 
     def _release(self, request_id: str) -> None:
         with self._lock:

@@ -452,6 +452,10 @@ class Engine:
             )
         except GeoServeError as exc:
             return ImageRequestOutput(req.request_id, True, None, exc, req.num_patches, req.timings)
+        except Exception as exc:  # a bug in an output processor: fail this request, not the loop
+            logger.exception("finishing request %s failed", req.request_id)
+            err = GeoServeError(f"{req.ctx.names[0]}: output processing failed: {exc!r}")
+            return ImageRequestOutput(req.request_id, True, None, err, req.num_patches, req.timings)
         finally:
             req.close()
 

@@ -89,12 +89,15 @@ def build_model(
     if weights is None and spec.weights_required:
         hint = f" ({spec.weights_hint})" if spec.weights_hint else ""
         raise WeightsError(f"model {spec.name!r} needs weights: pass --weights FILE{hint}")
-    module: Any = spec.factory()
+    if spec.loads_weights:
+        module: Any = spec.factory(weights)  # type: ignore[call-arg]
+    else:
+        module = spec.factory()
     if not isinstance(module, torch.nn.Module):
         raise ProcessorMismatchError(
             f"model {spec.name!r}: factory {spec.key} returned {type(module).__name__}, "
             "not a torch.nn.Module"
         )
-    if weights is not None:
+    if weights is not None and not spec.loads_weights:
         load_weights(module, weights, spec.name)
     return module.to(device).eval()

@@ -43,8 +43,13 @@ class GeoTiffPatcher(InputProcessor):
             patch size with ``blend="none"``.
         blend: How overlapping outputs are combined; see :mod:`geoserve.raster.grid`.
         num_frames: Dates per request; > 1 gives (C, T, P, P) patches.
-        coords: Pass ``temporal_coords`` (T, 2: year, day of year) and ``location_coords``
-            (2: lon, lat of the scene centre) to the model as keyword arguments.
+        coords: Coordinates passed to the model as keyword arguments: ``"time"`` gives
+            ``temporal_coords`` (T, 2: year, day of year from tags or file name) and
+            ``"location"`` gives ``location_coords`` (2: lon, lat of the scene centre, the
+            order of the reference inference scripts); ``True`` means both.
+        bands_by_count: Band selections by the input's band count, tried before ``bands``
+            (e.g. ``{13: (1, 2, 3, 8, 11, 12), 6: (0, 1, 2, 3, 4, 5)}`` for Sentinel-2 L1C
+            stacks and 6-band HLS files).
         nodata: Override the input's declared nodata value.
         fill: Value (after normalisation) written into masked pixels before the model sees them.
 
@@ -58,7 +63,8 @@ class GeoTiffPatcher(InputProcessor):
     stride: int = None  # type: ignore[assignment]  # resolved in __post_init__
     blend: BlendMode = "center"
     num_frames: int = 1
-    coords: bool = False
+    coords: bool | tuple[str, ...] = False
+    bands_by_count: tuple[tuple[int, tuple[int | str, ...]], ...] | None = None
     nodata: float | None = None
     fill: float = 0.0
 
@@ -67,6 +73,18 @@ class GeoTiffPatcher(InputProcessor):
             value = getattr(self, name)
             if value is not None and not isinstance(value, tuple):
                 object.__setattr__(self, name, tuple(value))
+        if isinstance(self.bands_by_count, dict):
+            object.__setattr__(
+                self,
+                "bands_by_count",
+                tuple((int(k), tuple(v)) for k, v in sorted(self.bands_by_count.items())),
+            )
+        if self.coords is True:
+            object.__setattr__(self, "coords", ("time", "location"))
+        elif self.coords is False:
+            object.__setattr__(self, "coords", ())
+        elif not set(self.coords) <= {"time", "location"}:
+            raise ConfigError(f"invalid coords {self.coords!r}; use 'time' and/or 'location'")
         if self.stride is None:
             default = self.patch_size if self.blend == "none" else max(1, self.patch_size * 7 // 8)
             object.__setattr__(self, "stride", default)
@@ -109,9 +127,10 @@ class GeoTiffPatcher(InputProcessor):
             )
         first = infos[0]
         _check_same_grid(first, infos[1:])
-        bands = resolve_bands(first, self.bands)
+        selectors = dict(self.bands_by_count or ()).get(first.count, self.bands)
+        bands = resolve_bands(first, selectors)
         for info in infos[1:]:
-            if resolve_bands(info, self.bands) != bands:
+            if resolve_bands(info, selectors) != bands:
                 raise BandMismatchError(f"{info.name}: bands differ from {first.name}")
         n = self.in_channels
         if n is not None and len(bands) != n:
@@ -119,10 +138,11 @@ class GeoTiffPatcher(InputProcessor):
         nodata = self.nodata if self.nodata is not None else first.nodata
         names = tuple(first.descriptions[b] or f"band_{b + 1}" for b in bands)
         kwargs: dict[str, NDArray[np.float32]] = {}
-        if self.coords:
+        if "time" in self.coords:  # type: ignore[operator]
             kwargs["temporal_coords"] = np.array(
                 [year_doy(acquisition_date(i)) for i in infos], dtype=np.float32
             )
+        if "location" in self.coords:  # type: ignore[operator]
             kwargs["location_coords"] = np.array(centre_lonlat(first), dtype=np.float32)
         grid = PatchGrid(first.height, first.width, self.patch_size, self.stride, self.blend)
         return RasterContext(

@@ -117,12 +117,16 @@ class RawReassembler(OutputProcessor):
         band_names: Output band descriptions; ``None`` reuses the input band names when the
             counts match (identity, reconstruction), else ``band_1 ...``.
         channels: Number of output channels the model must return, if fixed.
-
+        multiply, add: Per-band affine map applied to the output, cycled over the bands
+            (e.g. a reconstruction's std and mean, to return it in input units; with T dates
+            of C bands the C values repeat for each date).
     """
 
     band_names: tuple[str, ...] | None = None
     channels: int | None = None
     kind: OutputKind = "raw"
+    multiply: tuple[float, ...] | None = None
+    add: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.band_names is not None:
@@ -158,7 +162,12 @@ class RawReassembler(OutputProcessor):
         else:
             names = tuple(f"band_{i + 1}" for i in range(n))
         masked = valid is not None or ctx.has_nodata
-        return _float_output(blended, valid, masked, names, {"GEOSERVE_OUTPUT": "raw"})
+        values = blended
+        for factors, op in ((self.multiply, np.multiply), (self.add, np.add)):
+            if factors:
+                per_band = np.resize(np.asarray(factors, dtype=np.float32), n)
+                values = op(values, per_band[:, None, None])
+        return _float_output(values, valid, masked, names, {"GEOSERVE_OUTPUT": "raw"})
 
 
 def _softmax(x: NDArray[np.float32]) -> NDArray[np.float32]:

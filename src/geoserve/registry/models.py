@@ -29,10 +29,14 @@ class ModelSpec:
 
     Attributes:
         name: Public name (CLI ``--model``, requests).
-        factory: Builds the ``torch.nn.Module``; called with no arguments.
+        factory: Builds the ``torch.nn.Module``; called with no arguments (or with the
+            weights path when ``loads_weights``).
         description: One line for ``geoserve models``.
         weights_required: Whether the model is useless without ``weights=``.
         weights_hint: Where such weights come from, shown when they are missing.
+        loads_weights: The factory takes the weights path itself (``factory(weights)``), for
+            models whose checkpoints need their own loader (Prithvi); otherwise the engine
+            loads a plain state dict into ``factory()``.
 
     """
 
@@ -41,6 +45,7 @@ class ModelSpec:
     description: str = ""
     weights_required: bool = False
     weights_hint: str = ""
+    loads_weights: bool = False
 
     @property
     def key(self) -> str:
@@ -61,13 +66,14 @@ class ModelRegistry(Registry[ModelSpec]):
         description: str = "",
         weights_required: bool = False,
         weights_hint: str = "",
+        loads_weights: bool = False,
         override: bool = False,
     ) -> Callable[[F], F]:
         """Decorator registering a model factory under ``name``."""
 
         def decorator(factory: F) -> F:
             doc = description or (factory.__doc__ or "").strip().split("\n")[0]
-            spec = ModelSpec(name, factory, doc, weights_required, weights_hint)
+            spec = ModelSpec(name, factory, doc, weights_required, weights_hint, loads_weights)
             self.add(name, spec, override=override)
             return factory
 

@@ -34,9 +34,19 @@ def _fetch() -> Path:
         return src
     CACHE.mkdir(parents=True, exist_ok=True)
     subprocess.run(
-        [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--dest", str(CACHE),
-         f"terratorch=={VERSION}"],
-        check=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--quiet",
+            "--no-deps",
+            "--dest",
+            str(CACHE),
+            f"terratorch=={VERSION}",
+        ],
+        check=True,
+        timeout=300,
     )
     wheel = next(CACHE.glob("terratorch-*.whl"))
     with zipfile.ZipFile(wheel) as zf:
@@ -48,18 +58,26 @@ def load() -> types.SimpleNamespace:
     """Import the reference modules; returns them as attributes."""
     src = _fetch()
     pkg_root = src / "terratorch"
-    for name, sub in (("terratorch", ""), ("terratorch.models", "models"),
-                      ("terratorch.models.backbones", "models/backbones"),
-                      ("terratorch.models.decoders", "models/decoders"),
-                      ("terratorch.models.heads", "models/heads")):
+    for name, sub in (
+        ("terratorch", ""),
+        ("terratorch.models", "models"),
+        ("terratorch.models.backbones", "models/backbones"),
+        ("terratorch.models.decoders", "models/decoders"),
+        ("terratorch.models.heads", "models/heads"),
+    ):
         if name not in sys.modules:
             mod = types.ModuleType(name)
             mod.__path__ = [str(pkg_root / sub)]  # a package, without running its __init__
             sys.modules[name] = mod
     registry = types.ModuleType("terratorch.registry")
-    for attr in ("TERRATORCH_DECODER_REGISTRY", "TERRATORCH_NECK_REGISTRY", "NECK_REGISTRY",
-                 "BACKBONE_REGISTRY", "TERRATORCH_BACKBONE_REGISTRY",
-                 "TERRATORCH_FULL_MODEL_REGISTRY"):
+    for attr in (
+        "TERRATORCH_DECODER_REGISTRY",
+        "TERRATORCH_NECK_REGISTRY",
+        "NECK_REGISTRY",
+        "BACKBONE_REGISTRY",
+        "TERRATORCH_BACKBONE_REGISTRY",
+        "TERRATORCH_FULL_MODEL_REGISTRY",
+    ):
         setattr(registry, attr, _Registry())
     sys.modules.setdefault("terratorch.registry", registry)
     return types.SimpleNamespace(

@@ -43,9 +43,13 @@ def _randomize(module: torch.nn.Module) -> None:
 @pytest.mark.parametrize("size", [224, 512])
 @pytest.mark.parametrize("with_coords", [False, True])
 def test_encoder_features_match(ref, tmp_path, frames, size, with_coords):
-    reference = ref.mae.PrithviViT(patch_size=(1, 16, 16), num_frames=frames,
-                                   coords_encoding=["time", "location"],
-                                   coords_scale_learn=True, **SMALL).eval()
+    reference = ref.mae.PrithviViT(
+        patch_size=(1, 16, 16),
+        num_frames=frames,
+        coords_encoding=["time", "location"],
+        coords_scale_learn=True,
+        **SMALL,
+    ).eval()
     _randomize(reference)
     path = tmp_path / "bare_encoder.pt"
     torch.save(reference.state_dict(), path)  # bare keys, v1 style
@@ -65,10 +69,16 @@ def test_encoder_features_match(ref, tmp_path, frames, size, with_coords):
 
 @pytest.mark.parametrize("layout", ["v1_bare", "v2_prefixed", "safetensors"])
 def test_mae_reconstruction_matches(ref, tmp_path, layout):
-    reference = ref.mae.PrithviMAE(patch_size=(1, 16, 16), num_frames=3,
-                                   decoder_embed_dim=32, decoder_depth=2, decoder_num_heads=4,
-                                   coords_encoding=["time", "location"],
-                                   coords_scale_learn=True, **SMALL).eval()
+    reference = ref.mae.PrithviMAE(
+        patch_size=(1, 16, 16),
+        num_frames=3,
+        decoder_embed_dim=32,
+        decoder_depth=2,
+        decoder_num_heads=4,
+        coords_encoding=["time", "location"],
+        coords_scale_learn=True,
+        **SMALL,
+    ).eval()
     _randomize(reference)
     state = reference.state_dict()
     if layout == "v1_bare":
@@ -97,9 +107,13 @@ def test_mae_reconstruction_matches(ref, tmp_path, layout):
 
 def reference_segmentation(ref, frames: int):
     """TerraTorch's fine-tune pipeline: encoder, neck, UperNet, head (PixelWiseModel.forward)."""
-    enc = ref.mae.PrithviViT(patch_size=(1, 16, 16), num_frames=frames,
-                             coords_encoding=["time", "location"], coords_scale_learn=True,
-                             **SMALL)
+    enc = ref.mae.PrithviViT(
+        patch_size=(1, 16, 16),
+        num_frames=frames,
+        coords_encoding=["time", "location"],
+        coords_scale_learn=True,
+        **SMALL,
+    )
     channels = [SMALL["embed_dim"] * frames] * 4
     neck = ref.necks.LearnedInterpolateToPyramidal(channels)
     dec = ref.upernet.UperNetDecoder(neck.process_channel_list(channels), channels=32)
@@ -114,8 +128,10 @@ def reference_segmentation(ref, frames: int):
         x = ref.utils.pad_images(x, (1, 16, 16), "reflect")
         feats = enc.forward_features(x, **kw)
         gh, gw = x.shape[-2] // 16, x.shape[-1] // 16
-        maps = [rearrange(feats[i][:, 1:], "b (t h w) e -> b (t e) h w", t=frames, h=gh, w=gw)
-                for i in indices]
+        maps = [
+            rearrange(feats[i][:, 1:], "b (t h w) e -> b (t e) h w", t=frames, h=gh, w=gw)
+            for i in indices
+        ]
         out = head(dec(neck(maps)))
         out = torch.nn.functional.interpolate(out, size=x.shape[-2:], mode="bilinear")
         return ref.utils.center_crop(out, size)
@@ -127,9 +143,9 @@ def lightning_state(modules, timm_wrapped: bool) -> dict:
     state = {}
     for k, v in modules.state_dict().items():
         if k.startswith("neck."):
-            k = "decoder." + k[len("neck."):]  # TerraTorch 1.1 kept the scale modules here
+            k = "decoder." + k[len("neck.") :]  # TerraTorch 1.1 kept the scale modules here
         if timm_wrapped and k.startswith("encoder."):
-            k = "encoder._timm_module." + k[len("encoder."):]
+            k = "encoder._timm_module." + k[len("encoder.") :]
         state["model." + k] = v
     return {"state_dict": state, "epoch": 3, "optimizer_states": [], "hyper_parameters": {}}
 
