@@ -284,9 +284,9 @@ def load_checkpoint(
     for key, value in own.items():  # the model's own computed embeddings are kept
         if key.endswith("pos_embed"):
             state[key] = value
-    missing = sorted(set(own) - set(state))
+    missing = [k for k in own if k not in state]  # in model order: encoder first
     unexpected = sorted(set(state) - set(own))
-    wrong = sorted(k for k in set(own) & set(state) if own[k].shape != state[k].shape)
+    wrong = [k for k in own if k in state and own[k].shape != state[k].shape]
     if missing or unexpected or wrong:
         detail = []
         if missing:
