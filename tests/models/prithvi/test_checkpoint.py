@@ -11,14 +11,24 @@ from geoserve.errors import WeightsError
 from geoserve.models import load_checkpoint
 from geoserve.models.prithvi import PrithviSegmentation, normalize_keys
 
-SMALL = dict(embed_dim=64, depth=4, num_heads=4, in_chans=6, img_size=224, patch_size=16,
-             num_frames=1, coords_encoding=("location",), coords_scale_learn=True)
+SMALL = dict(
+    embed_dim=64,
+    depth=4,
+    num_heads=4,
+    in_chans=6,
+    img_size=224,
+    patch_size=16,
+    num_frames=1,
+    coords_encoding=("location",),
+    coords_scale_learn=True,
+)
 
 
 def small_segmentation(classes: int = 2) -> PrithviSegmentation:
     torch.manual_seed(0)
-    return PrithviSegmentation(num_classes=classes, feature_indices=(0, 1, 2, 3),
-                               decoder_channels=32, **SMALL).eval()
+    return PrithviSegmentation(
+        num_classes=classes, feature_indices=(0, 1, 2, 3), decoder_channels=32, **SMALL
+    ).eval()
 
 
 def save_lightning(model: torch.nn.Module, path) -> None:
@@ -29,16 +39,29 @@ def save_lightning(model: torch.nn.Module, path) -> None:
 
 def test_normalize_keys_layouts():
     t = torch.zeros(1)
-    assert set(normalize_keys({"blocks.0.norm1.weight": t, "decoder_pred.bias": t,
-                               "mask_token": t, "pos_embed": t})) == {
-        "encoder.blocks.0.norm1.weight", "decoder.decoder_pred.bias", "decoder.mask_token"}
-    assert set(normalize_keys({"model.encoder._timm_module.norm.weight": t,
-                               "model.head.head.2.bias": t,
-                               "model.aux_heads.x.weight": t})) == {
-        "encoder.norm.weight", "head.head.2.bias"}
-    assert set(normalize_keys({"backbone.cls_token": t, "auxiliary_head.conv.weight": t,
-                               "decode_head.conv_seg.weight": t})) == {
-        "encoder.cls_token", "decode_head.conv_seg.weight"}
+    assert set(
+        normalize_keys(
+            {"blocks.0.norm1.weight": t, "decoder_pred.bias": t, "mask_token": t, "pos_embed": t}
+        )
+    ) == {"encoder.blocks.0.norm1.weight", "decoder.decoder_pred.bias", "decoder.mask_token"}
+    assert set(
+        normalize_keys(
+            {
+                "model.encoder._timm_module.norm.weight": t,
+                "model.head.head.2.bias": t,
+                "model.aux_heads.x.weight": t,
+            }
+        )
+    ) == {"encoder.norm.weight", "head.head.2.bias"}
+    assert set(
+        normalize_keys(
+            {
+                "backbone.cls_token": t,
+                "auxiliary_head.conv.weight": t,
+                "decode_head.conv_seg.weight": t,
+            }
+        )
+    ) == {"encoder.cls_token", "decode_head.conv_seg.weight"}
 
 
 def test_lightning_checkpoint_round_trip(tmp_path):
@@ -80,19 +103,23 @@ def test_config_disagreeing_with_weights_names_the_key(tmp_path):
     path = tmp_path / "w.ckpt"
     save_lightning(small_segmentation(classes=2), path)
     with pytest.raises(WeightsError, match=r"shape mismatch at head\.head\.2\.(weight|bias)"):
-        load_checkpoint(path, config={"num_heads": 4, "feature_indices": (0, 1, 2, 3),
-                                      "num_classes": 5})
+        load_checkpoint(
+            path, config={"num_heads": 4, "feature_indices": (0, 1, 2, 3), "num_classes": 5}
+        )
     with pytest.raises(WeightsError, match="shape mismatch at encoder"):
-        load_checkpoint(path, config={"num_heads": 4, "feature_indices": (0, 1, 2, 3),
-                                      "embed_dim": 128})
+        load_checkpoint(
+            path, config={"num_heads": 4, "feature_indices": (0, 1, 2, 3), "embed_dim": 128}
+        )
 
 
 def test_missing_keys_are_named(tmp_path):
     model = small_segmentation()
-    state = {f"model.{k}": v for k, v in model.state_dict().items()
-             if not k.startswith("encoder.blocks.3.")}
+    state = {
+        f"model.{k}": v
+        for k, v in model.state_dict().items()
+        if not k.startswith("encoder.blocks.3.")
+    }
     path = tmp_path / "partial.pt"
     torch.save(state, path)
     with pytest.raises(WeightsError, match=r"missing \['encoder\.blocks\.3\."):
-        load_checkpoint(path, config={"num_heads": 4, "depth": 4,
-                                      "feature_indices": (0, 1, 2, 3)})
+        load_checkpoint(path, config={"num_heads": 4, "depth": 4, "feature_indices": (0, 1, 2, 3)})
