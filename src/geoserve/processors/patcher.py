@@ -13,7 +13,7 @@ patches, so memory stays at (patch rows x width) per input regardless of scene h
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,7 +64,9 @@ class GeoTiffPatcher(InputProcessor):
     blend: BlendMode = "center"
     num_frames: int = 1
     coords: bool | tuple[str, ...] = False
-    bands_by_count: tuple[tuple[int, tuple[int | str, ...]], ...] | None = None
+    bands_by_count: (
+        Mapping[int, Sequence[int | str]] | tuple[tuple[int, tuple[int | str, ...]], ...] | None
+    ) = None
     nodata: float | None = None
     fill: float = 0.0
 
@@ -73,7 +75,7 @@ class GeoTiffPatcher(InputProcessor):
             value = getattr(self, name)
             if value is not None and not isinstance(value, tuple):
                 object.__setattr__(self, name, tuple(value))
-        if isinstance(self.bands_by_count, dict):
+        if isinstance(self.bands_by_count, Mapping):
             object.__setattr__(
                 self,
                 "bands_by_count",
@@ -127,7 +129,7 @@ class GeoTiffPatcher(InputProcessor):
             )
         first = infos[0]
         _check_same_grid(first, infos[1:])
-        selectors = dict(self.bands_by_count or ()).get(first.count, self.bands)
+        selectors = dict(self.bands_by_count or ()).get(first.count, self.bands)  # type: ignore[arg-type]
         bands = resolve_bands(first, selectors)
         for info in infos[1:]:
             if resolve_bands(info, selectors) != bands:

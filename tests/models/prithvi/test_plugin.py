@@ -1,4 +1,4 @@
-"""The geoserve-prithvi plugin end to end: CLI, tiny checkpoints in the real layouts, real scenes."""
+"""The geoserve-prithvi plugin end to end: CLI, tiny checkpoints in real layouts, real scenes."""
 
 from __future__ import annotations
 
@@ -135,8 +135,10 @@ def test_mae_reconstruction_three_dates(tmp_path):
     engine = Engine("prithvi-eo1-100m", weights=weights, bands=[1, 2, 3, 4, 5, 6])
     out = engine.generate_image([[HLS, HLS, HLS]], output_path=tmp_path)[0].raise_for_error()
     with rasterio.open(out.outputs.path) as dst, rasterio.open(HLS) as src:
-        assert dst.count == 18 and dst.dtypes[0] == "float32"
-        assert dst.descriptions[0] == "t0_BLUE" and dst.descriptions[-1] == "t2_SWIR_2"
+        assert dst.count == 18
+        assert dst.dtypes[0] == "float32"
+        assert dst.descriptions[0] == "t0_BLUE"
+        assert dst.descriptions[-1] == "t2_SWIR_2"
         assert (dst.crs, dst.transform) == (src.crs, src.transform)
         assert np.isfinite(dst.read()).all()
     too_few = engine.generate_image([[HLS]], output_path=tmp_path)[0]
