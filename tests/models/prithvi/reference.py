@@ -1,7 +1,8 @@
 """The reference implementation, loaded from TerraTorch's wheel on PyPI (never vendored).
 
 TerraTorch's Prithvi, UperNet, neck and head modules import only torch, timm, einops, numpy and
-torchvision, plus ``terratorch.registry`` for decorators. The whole package pulls Lightning and
+torchvision (its UNet decoder also segmentation-models-pytorch 0.5.0, a dev dependency), plus
+``terratorch.registry`` for decorators. The whole package pulls Lightning and
 more, so instead its wheel is downloaded once (``pip download``) into ``.cache/`` and the needed
 files are imported from it, with a stand-in for the registry decorators.
 """
@@ -83,6 +84,7 @@ def load() -> types.SimpleNamespace:
     return types.SimpleNamespace(
         mae=importlib.import_module("terratorch.models.backbones.prithvi_mae"),
         upernet=importlib.import_module("terratorch.models.decoders.upernet_decoder"),
+        unet=importlib.import_module("terratorch.models.decoders.unet_decoder"),
         necks=importlib.import_module("terratorch.models.necks"),
         heads=importlib.import_module("terratorch.models.heads.segmentation_head"),
         utils=importlib.import_module("terratorch.models.utils"),

@@ -165,3 +165,51 @@ def test_segmentation_logits_match(ref, tmp_path, frames, size, timm_wrapped):
         got = ours(x, temporal_coords=temporal, location_coords=location)
     assert got.shape == (2, 3, size, size)
     assert (got - expected).abs().max() <= TOL
+
+
+def reference_unet(ref, frames: int, channels=(32, 16, 8, 4), classes: int = 5):
+    """TerraTorch's burn-scar/crop pipeline: encoder, pyramid neck, smp-0.5 UNet, head."""
+    enc = ref.mae.PrithviViT(patch_size=(1, 16, 16), num_frames=frames,
+                             coords_encoding=["time", "location"], coords_scale_learn=True,
+                             **SMALL)
+    c = [SMALL["embed_dim"] * frames] * 4
+    neck = ref.necks.LearnedInterpolateToPyramidal(c)
+    dec = ref.unet.UNetDecoder(neck.process_channel_list(c), list(channels))
+    head = ref.heads.SegmentationHead(channels[-1], num_classes=classes, dropout=0.1)
+    modules = torch.nn.ModuleDict({"encoder": enc, "neck": neck, "decoder": dec, "head": head})
+    _randomize(modules)
+    modules.eval()
+
+    def forward(x, **kw):
+        size = x.shape[-2:]
+        x = ref.utils.pad_images(x, (1, 16, 16), "reflect")
+        feats = enc.forward_features(x, **kw)
+        gh, gw = x.shape[-2] // 16, x.shape[-1] // 16
+        maps = [rearrange(feats[i][:, 1:], "b (t h w) e -> b (t e) h w", t=frames, h=gh, w=gw)
+                for i in (0, 1, 2, 3)]
+        out = head(dec(neck(maps)))
+        out = torch.nn.functional.interpolate(out, size=x.shape[-2:], mode="bilinear")
+        return ref.utils.center_crop(out, size)
+
+    return modules, forward
+
+
+@pytest.mark.parametrize(("frames", "size"), [(1, 512), (3, 224), (3, 200)])
+def test_unet_logits_match(ref, tmp_path, frames, size):
+    modules, forward = reference_unet(ref, frames)
+    state = {}
+    for k, v in modules.state_dict().items():
+        if k.startswith("neck."):
+            k = "neck.2." + k[len("neck."):]  # the pyramid is the third neck in the checkpoints
+        state["model." + k] = v
+    path = tmp_path / "unet.ckpt"
+    torch.save({"state_dict": state}, path)
+    ours = load_checkpoint(path, config={"num_heads": 4, "feature_indices": (0, 1, 2, 3)})
+    assert ours.decoder.out_channels == 4
+    x = torch.randn(1, 6, frames, size, size)
+    temporal, location = coords(1, frames)
+    with torch.inference_mode():
+        expected = forward(x, temporal_coords=temporal, location_coords=location)
+        got = ours(x, temporal_coords=temporal, location_coords=location)
+    assert got.shape == (1, 5, size, size)
+    assert (got - expected).abs().max() <= TOL

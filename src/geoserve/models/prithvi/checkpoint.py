@@ -149,6 +149,20 @@ def infer_config(state: Mapping[str, torch.Tensor]) -> dict[str, Any]:
             for k in state
             if (m := re.match(r"decoder\.decoder_blocks\.(\d+)\.", k))
         )
+    elif "decoder.decoder.blocks.0.conv1.0.weight" in state:
+        cfg["kind"] = "unet"
+        cfg["num_classes"] = int(state["head.head.2.weight"].shape[0])
+        n = 1 + max(
+            int(m.group(1))
+            for k in state
+            if (m := re.match(r"decoder\.decoder\.blocks\.(\d+)\.", k))
+        )
+        cfg["decoder_channels"] = [
+            int(state[f"decoder.decoder.blocks.{i}.conv1.0.weight"].shape[0]) for i in range(n)
+        ]
+        fpn = state.get("neck.2.fpn2.0.weight")
+        if fpn is not None and "encoder.pos_embed" not in state:
+            cfg["num_frames"] = max(1, int(fpn.shape[0]) // int(embed_dim))
     elif "head.head.2.weight" in state:
         cfg["kind"] = "upernet"
         cfg["num_classes"] = int(state["head.head.2.weight"].shape[0])
@@ -228,18 +242,18 @@ def parse_config(cfg_path: Path) -> dict[str, Any]:
 
 
 def build_model(cfg: Mapping[str, Any]) -> nn.Module:
-    """A Prithvi model of kind ``mae``, ``upernet`` or ``encoder`` from arguments."""
+    """A Prithvi model of kind ``mae``, ``upernet``, ``unet`` or ``encoder`` from arguments."""
     cfg = dict(cfg)
     kind = cfg.pop("kind", "encoder")
     for key in ("mean", "std", "bands"):
         cfg.pop(key, None)
     if kind == "mae":
         return PrithviMAE(**cfg)
-    if kind == "upernet":
+    if kind in ("upernet", "unet"):
         indices = cfg.pop("feature_indices", None) or FEATURE_INDICES.get(cfg["depth"])
         if indices is None:
             raise WeightsError(f"no feature indices known for depth {cfg['depth']}")
-        return PrithviSegmentation(feature_indices=indices, **cfg)
+        return PrithviSegmentation(feature_indices=indices, decoder=kind, **cfg)
     from geoserve.models.prithvi.encoder import PrithviViT
 
     class _Encoder(nn.Module):
