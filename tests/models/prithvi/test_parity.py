@@ -22,6 +22,12 @@ def ref():
     return load()
 
 
+def close(got: torch.Tensor, expected: torch.Tensor) -> bool:
+    """Max abs difference <= 1e-4, relative to the output's scale when that is above 1."""
+    scale = max(1.0, float(expected.abs().max()))
+    return float((got - expected).abs().max()) <= TOL * scale
+
+
 def coords(batch: int, frames: int) -> tuple[torch.Tensor, torch.Tensor]:
     years = torch.tensor([[2018.0 + t, 26.0 + 40 * t] for t in range(frames)])
     temporal = years.unsqueeze(0).repeat(batch, 1, 1)
@@ -30,13 +36,22 @@ def coords(batch: int, frames: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _randomize(module: torch.nn.Module) -> None:
+    """Random weights scaled so activations neither vanish nor explode through the stack."""
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for name, p in module.named_parameters():
-            p.copy_(torch.randn(p.shape, generator=g) * (0.02 if "weight" in name else 0.1))
-        for name, b in module.named_buffers():
-            if name.endswith(("running_mean", "running_var")):
-                b.copy_(torch.rand(b.shape, generator=g) + (0.5 if "var" in name else 0))
+            noise = torch.randn(p.shape, generator=g)
+            if p.ndim >= 2:
+                p.copy_(noise / max(1, p[0].numel()) ** 0.5)
+            elif name.endswith("weight"):  # norm scales
+                p.copy_(1 + 0.1 * noise)
+            else:
+                p.copy_(0.1 * noise)
+        for name, b in module.named_buffers():  # BN statistics near the batch's own
+            if name.endswith("running_mean"):
+                b.copy_(0.1 * torch.randn(b.shape, generator=g))
+            elif name.endswith("running_var"):
+                b.copy_(1 + 0.2 * torch.rand(b.shape, generator=g))
 
 
 @pytest.mark.parametrize("frames", [1, 3])
@@ -64,7 +79,7 @@ def test_encoder_features_match(ref, tmp_path, frames, size, with_coords):
     assert len(got) == len(expected) == SMALL["depth"]
     for a, b in zip(got, expected, strict=True):
         assert a.shape == b.shape
-        assert (a - b).abs().max() <= TOL
+        assert close(a, b)
 
 
 @pytest.mark.parametrize("layout", ["v1_bare", "v2_prefixed", "safetensors"])
@@ -102,7 +117,7 @@ def test_mae_reconstruction_matches(ref, tmp_path, layout):
         expected = reference.unpatchify(pred, image_size=(224, 224))
         got = ours(x, temporal, location)
     assert got.shape == expected.shape == x.shape
-    assert (got - expected).abs().max() <= TOL
+    assert close(got, expected)
 
 
 def reference_segmentation(ref, frames: int):
@@ -164,14 +179,19 @@ def test_segmentation_logits_match(ref, tmp_path, frames, size, timm_wrapped):
         expected = forward(x, location_coords=location, temporal_coords=temporal)
         got = ours(x, temporal_coords=temporal, location_coords=location)
     assert got.shape == (2, 3, size, size)
-    assert (got - expected).abs().max() <= TOL
+    assert float(expected.std()) > 0.1  # a live network: the comparison is not vacuous
+    assert close(got, expected)
 
 
 def reference_unet(ref, frames: int, channels=(32, 16, 8, 4), classes: int = 5):
     """TerraTorch's burn-scar/crop pipeline: encoder, pyramid neck, smp-0.5 UNet, head."""
-    enc = ref.mae.PrithviViT(patch_size=(1, 16, 16), num_frames=frames,
-                             coords_encoding=["time", "location"], coords_scale_learn=True,
-                             **SMALL)
+    enc = ref.mae.PrithviViT(
+        patch_size=(1, 16, 16),
+        num_frames=frames,
+        coords_encoding=["time", "location"],
+        coords_scale_learn=True,
+        **SMALL,
+    )
     c = [SMALL["embed_dim"] * frames] * 4
     neck = ref.necks.LearnedInterpolateToPyramidal(c)
     dec = ref.unet.UNetDecoder(neck.process_channel_list(c), list(channels))
@@ -185,8 +205,10 @@ def reference_unet(ref, frames: int, channels=(32, 16, 8, 4), classes: int = 5):
         x = ref.utils.pad_images(x, (1, 16, 16), "reflect")
         feats = enc.forward_features(x, **kw)
         gh, gw = x.shape[-2] // 16, x.shape[-1] // 16
-        maps = [rearrange(feats[i][:, 1:], "b (t h w) e -> b (t e) h w", t=frames, h=gh, w=gw)
-                for i in (0, 1, 2, 3)]
+        maps = [
+            rearrange(feats[i][:, 1:], "b (t h w) e -> b (t e) h w", t=frames, h=gh, w=gw)
+            for i in (0, 1, 2, 3)
+        ]
         out = head(dec(neck(maps)))
         out = torch.nn.functional.interpolate(out, size=x.shape[-2:], mode="bilinear")
         return ref.utils.center_crop(out, size)
@@ -200,7 +222,7 @@ def test_unet_logits_match(ref, tmp_path, frames, size):
     state = {}
     for k, v in modules.state_dict().items():
         if k.startswith("neck."):
-            k = "neck.2." + k[len("neck."):]  # the pyramid is the third neck in the checkpoints
+            k = "neck.2." + k[len("neck.") :]  # the pyramid is the third neck in the checkpoints
         state["model." + k] = v
     path = tmp_path / "unet.ckpt"
     torch.save({"state_dict": state}, path)
@@ -212,4 +234,5 @@ def test_unet_logits_match(ref, tmp_path, frames, size):
         expected = forward(x, temporal_coords=temporal, location_coords=location)
         got = ours(x, temporal_coords=temporal, location_coords=location)
     assert got.shape == (1, 5, size, size)
-    assert (got - expected).abs().max() <= TOL
+    assert float(expected.std()) > 0.1  # a live network: the comparison is not vacuous
+    assert close(got, expected)
