@@ -17,6 +17,11 @@ from geoserve.errors import WeightsError
 from geoserve.models import load_checkpoint
 from geoserve.models.prithvi import PrithviMAE, PrithviSegmentation
 from geoserve.models.prithvi.variants import (
+    BURN_SCARS_MEAN,
+    BURN_SCARS_STD,
+    CROP_CLASSES,
+    CROPS_MEAN,
+    CROPS_STD,
     PRITHVI_BANDS,
     S2_L1C_PRITHVI_INDICES,
     SEN1FLOODS11_MEAN,
@@ -37,6 +42,17 @@ def _load(weights: str | Path, kind: type[nn.Module], name: str) -> nn.Module:
         raise WeightsError(
             f"{weights}: holds a {type(model).__name__}, but model {name!r} needs a "
             f"{kind.__name__} checkpoint"
+        )
+    return model
+
+
+def _segmentation(weights: str | Path, name: str, decoder: str, classes: int) -> nn.Module:
+    model = _load(weights, PrithviSegmentation, name)
+    assert isinstance(model, PrithviSegmentation)
+    if model.decoder_kind != decoder or model.num_classes != classes:
+        raise WeightsError(
+            f"{weights}: a {model.decoder_kind} checkpoint with {model.num_classes} classes, "
+            f"but model {name!r} is a {decoder} model with {classes} classes"
         )
     return model
 
@@ -71,10 +87,7 @@ def _load(weights: str | Path, kind: type[nn.Module], name: str) -> nn.Module:
 )
 def sen1floods11(weights: str | Path) -> nn.Module:
     """Prithvi-EO-2.0-300M-TL Sen1Floods11 (UperNet) from a local checkpoint."""
-    model = _load(weights, PrithviSegmentation, "prithvi-eo2-300m-tl-sen1floods11")
-    if model.num_classes != 2:  # type: ignore[union-attr]
-        raise WeightsError(f"{weights}: has {model.num_classes} classes; Sen1Floods11 has 2")
-    return model
+    return _segmentation(weights, "prithvi-eo2-300m-tl-sen1floods11", "upernet", 2)
 
 
 @MODEL_REGISTRY.register_model(
@@ -108,6 +121,64 @@ def sen1floods11(weights: str | Path) -> nn.Module:
 def eo1_100m(weights: str | Path) -> nn.Module:
     """Prithvi-EO-1.0-100M masked autoencoder, run without masking."""
     return _load(weights, PrithviMAE, "prithvi-eo1-100m")
+
+
+@MODEL_REGISTRY.register_model(
+    "prithvi-eo2-300m-burnscars",
+    description="Prithvi-EO-2.0-300M fine-tuned on HLS burn scars (UNet): burn scar map",
+    weights_required=True,
+    loads_weights=True,
+    weights_hint=(
+        f"Prithvi_EO_V2_300M_BurnScars.pt from {HF}/Prithvi-EO-2.0-300M-BurnScars, "
+        "downloaded on a machine that can reach it"
+    ),
+)
+@INPUT_REGISTRY.register_input_processor(
+    GeoTiffPatcher(
+        bands=HLS_6,
+        mean=BURN_SCARS_MEAN,
+        std=BURN_SCARS_STD,
+        patch_size=512,
+        stride=448,
+        blend="center",
+    )
+)
+@OUTPUT_REGISTRY.register_output_processor(
+    SegmentationReassembler(
+        classes=("not burned", "burn scar"), colors=((220, 220, 200), (200, 40, 20))
+    )
+)
+def burnscars(weights: str | Path) -> nn.Module:
+    """Prithvi-EO-2.0-300M burn scars (pyramid neck + UNet decoder)."""
+    return _segmentation(weights, "prithvi-eo2-300m-burnscars", "unet", 2)
+
+
+@MODEL_REGISTRY.register_model(
+    "prithvi-eo2-300m-tl-crops",
+    description="Prithvi-EO-2.0-300M-TL multi-temporal crop classification: 13 classes",
+    weights_required=True,
+    loads_weights=True,
+    weights_hint=(
+        f"Prithvi_EO_V2_300M_TL_Crops.pt from {HF}/Prithvi-EO-2.0-300M-TL-Crops (or a "
+        "TerraTorch fine-tune of it), downloaded on a machine that can reach it"
+    ),
+)
+@INPUT_REGISTRY.register_input_processor(
+    GeoTiffPatcher(
+        bands=HLS_6,
+        mean=CROPS_MEAN,
+        std=CROPS_STD,
+        patch_size=224,
+        stride=192,
+        blend="center",
+        num_frames=3,
+        coords=True,
+    )
+)
+@OUTPUT_REGISTRY.register_output_processor(SegmentationReassembler(classes=CROP_CLASSES))
+def crops(weights: str | Path) -> nn.Module:
+    """Prithvi-EO-2.0-300M-TL crops (3 dates, pyramid neck + UNet decoder)."""
+    return _segmentation(weights, "prithvi-eo2-300m-tl-crops", "unet", len(CROP_CLASSES))
 
 
 def register() -> None:

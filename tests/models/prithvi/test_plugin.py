@@ -143,3 +143,98 @@ def test_mae_reconstruction_three_dates(tmp_path):
         assert np.isfinite(dst.read()).all()
     too_few = engine.generate_image([[HLS]], output_path=tmp_path)[0]
     assert "takes 3 date(s) per request, got 1" in str(too_few.error)
+
+
+def test_crops_three_dates_with_coordinates(tmp_path):
+    from tests.conftest import write_geotiff
+
+    torch.manual_seed(5)
+    model = PrithviSegmentation(
+        num_classes=13,
+        feature_indices=(2, 5, 8, 11),
+        decoder="unet",
+        decoder_channels=[32, 16, 8, 8],
+        num_frames=3,
+        coords_encoding=("time", "location"),
+        coords_scale_learn=True,
+        **TINY,
+    ).eval()
+    weights = tmp_path / "crops.ckpt"
+    state = {}
+    for k, v in model.state_dict().items():
+        state[f"model.{k}"] = v
+    torch.save({"state_dict": state}, weights)
+    rng = np.random.default_rng(0)
+    dates = []
+    for t, day in enumerate(("2022-04-01", "2022-06-15", "2022-09-01")):
+        data = rng.integers(200, 4000, (6, 230, 250)).astype(np.int16)
+        dates.append(write_geotiff(tmp_path / f"d{t}.tif", data, tags={"ACQUISITION_DATE": day}))
+    out = tmp_path / "crops.tif"
+    res = cli(
+        "predict",
+        *map(str, dates),
+        "--time-series",
+        "-o",
+        str(out),
+        "--model",
+        "prithvi-eo2-300m-tl-crops",
+        "--weights",
+        str(weights),
+    )
+    assert res.returncode == 0, res.stderr
+    with rasterio.open(out) as dst:
+        pred = dst.read(1)
+        assert dst.shape == (230, 250)
+        assert dst.tags()["CLASS_NAMES"].split(",")[2] == "Corn"
+        assert len(dst.colormap(1)) >= 13
+    assert pred.max() < 13
+    no_dates = tmp_path / "nodate.tif"
+    write_geotiff(no_dates, rng.integers(0, 100, (6, 32, 32)).astype(np.int16))
+    res = cli(
+        "predict",
+        str(no_dates),
+        str(no_dates),
+        str(no_dates),
+        "--time-series",
+        "-o",
+        str(tmp_path / "x.tif"),
+        "--model",
+        "prithvi-eo2-300m-tl-crops",
+        "--weights",
+        str(weights),
+    )
+    assert res.returncode == 1
+    assert "nodate.tif: no acquisition date found" in res.stderr
+
+
+def test_burnscars_unet_checkpoint_runs(tmp_path, flood_weights):
+    torch.manual_seed(6)
+    model = PrithviSegmentation(
+        num_classes=2,
+        feature_indices=(2, 5, 8, 11),
+        decoder="unet",
+        decoder_channels=[32, 16, 8, 8],
+        num_frames=1,
+        **TINY,
+    ).eval()
+    weights = tmp_path / "burn.pt"
+    torch.save({f"model.{k}": v for k, v in model.state_dict().items()}, weights)
+    engine = Engine("prithvi-eo2-300m-burnscars", weights=weights, patch_size=224, stride=192)
+    from geoserve import RasterArray
+
+    scene = RasterArray(
+        np.random.default_rng(1).random((6, 300, 260), dtype=np.float32),
+        {"crs": "EPSG:32610", "transform": (30, 0, 500000, 0, -30, 4200000)},
+    )
+    out = engine.generate_image(scene, out_format="tensor")
+    assert out.outputs.tensor.shape == (1, 300, 260)
+    from geoserve.errors import WeightsError
+
+    with pytest.raises(
+        WeightsError,
+        match="an upernet checkpoint with 2 classes, but model "
+        "'prithvi-eo2-300m-burnscars' is a unet model",
+    ):
+        Engine("prithvi-eo2-300m-burnscars", weights=flood_weights[0])
+    with pytest.raises(WeightsError, match="needs a PrithviMAE checkpoint"):
+        Engine("prithvi-eo1-100m", weights=weights)

@@ -234,6 +234,7 @@ class PrithviSegmentation(nn.Module):
             raise TypeError(f"unknown decoder {decoder!r}; use 'upernet' or 'unet'")
         self.head = SegmentationHead(head_in, num_classes, head_dropout)
         self.num_classes = num_classes
+        self.decoder_kind = decoder
 
     def forward(
         self,

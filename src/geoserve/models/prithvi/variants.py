@@ -92,3 +92,41 @@ def encoder_kwargs(variant: str, **overrides: Any) -> dict[str, Any]:
     if variant not in VARIANTS:
         raise UnknownNameError("Prithvi variant", variant, VARIANTS)
     return {"img_size": 224, "in_chans": 6, **VARIANTS[variant], **overrides}
+
+
+#: HLS burn scars (reflectance 0-1 as stored in the ``_merged.tif`` chips).
+BURN_SCARS_MEAN = (
+    0.033349706741586264,
+    0.05701185520536176,
+    0.05889748132001316,
+    0.2323245113436119,
+    0.1972854853760658,
+    0.11944914225186566,
+)
+BURN_SCARS_STD = (
+    0.02269135568823774,
+    0.026807560223070237,
+    0.04004109844362779,
+    0.07791732423672691,
+    0.08708738838140137,
+    0.07241979477437814,
+)
+#: Multi-temporal crop classification (DN; the same statistics for each of the 3 dates).
+CROPS_MEAN = (494.905781, 815.239594, 924.335066, 2968.881459, 2634.621962, 1739.579917)
+CROPS_STD = (284.925432, 357.84876, 575.566823, 896.601013, 951.900334, 921.407808)
+#: The 13 classes of the HLS multi-temporal crop data set, in label order.
+CROP_CLASSES = (
+    "Natural Vegetation",
+    "Forest",
+    "Corn",
+    "Soybeans",
+    "Wetlands",
+    "Developed/Barren",
+    "Open Water",
+    "Winter Wheat",
+    "Alfalfa",
+    "Fallow/Idle Cropland",
+    "Cotton",
+    "Sorghum",
+    "Other",
+)
