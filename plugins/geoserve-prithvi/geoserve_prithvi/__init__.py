@@ -51,7 +51,7 @@ def _segmentation(weights: str | Path, name: str, decoder: str, classes: int) ->
     assert isinstance(model, PrithviSegmentation)
     if model.decoder_kind != decoder or model.num_classes != classes:
         raise WeightsError(
-            f"{weights}: a {model.decoder_kind} checkpoint with {model.num_classes} classes, "
+            f"{weights}: holds a {model.decoder_kind} model with {model.num_classes} classes, "
             f"but model {name!r} is a {decoder} model with {classes} classes"
         )
     return model

@@ -232,7 +232,7 @@ def test_burnscars_unet_checkpoint_runs(tmp_path, flood_weights):
 
     with pytest.raises(
         WeightsError,
-        match="an upernet checkpoint with 2 classes, but model "
+        match="holds a upernet model with 2 classes, but model "
         "'prithvi-eo2-300m-burnscars' is a unet model",
     ):
         Engine("prithvi-eo2-300m-burnscars", weights=flood_weights[0])
