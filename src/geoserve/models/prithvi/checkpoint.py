@@ -149,6 +149,14 @@ def infer_config(state: Mapping[str, torch.Tensor]) -> dict[str, Any]:
             for k in state
             if (m := re.match(r"decoder\.decoder_blocks\.(\d+)\.", k))
         )
+    elif "decode_head.conv_seg.weight" in state:
+        cfg["kind"] = "v1fcn"
+        cfg["num_classes"] = int(state["decode_head.conv_seg.weight"].shape[0])
+        cfg["head_channels"] = int(state["decode_head.conv_seg.weight"].shape[1])
+        neck = state["neck.fpn1.0.weight"]  # (D*T, out, 2, 2)
+        cfg["neck_dim"] = int(neck.shape[1])
+        if "encoder.pos_embed" not in state:
+            cfg["num_frames"] = max(1, int(neck.shape[0]) // int(embed_dim))
     elif "decoder.decoder.blocks.0.conv1.0.weight" in state:
         cfg["kind"] = "unet"
         cfg["num_classes"] = int(state["head.head.2.weight"].shape[0])
@@ -242,13 +250,17 @@ def parse_config(cfg_path: Path) -> dict[str, Any]:
 
 
 def build_model(cfg: Mapping[str, Any]) -> nn.Module:
-    """A Prithvi model of kind ``mae``, ``upernet``, ``unet`` or ``encoder`` from arguments."""
+    """A Prithvi model of kind ``mae``, ``upernet``, ``unet``, ``v1fcn`` or ``encoder``."""
     cfg = dict(cfg)
     kind = cfg.pop("kind", "encoder")
     for key in ("mean", "std", "bands"):
         cfg.pop(key, None)
     if kind == "mae":
         return PrithviMAE(**cfg)
+    if kind == "v1fcn":
+        from geoserve.models.prithvi.v1 import PrithviV1Segmentation
+
+        return PrithviV1Segmentation(**cfg)
     if kind in ("upernet", "unet"):
         indices = cfg.pop("feature_indices", None) or FEATURE_INDICES.get(cfg["depth"])
         if indices is None:
