@@ -234,6 +234,7 @@ def _cmd_models(args: argparse.Namespace) -> int:
 
 def _cmd_predict(args: argparse.Namespace) -> int:
     from geoserve.engine import Engine
+    from geoserve.engine.delivery import output_paths
 
     engine = Engine(
         args.model,
@@ -254,7 +255,7 @@ def _cmd_predict(args: argparse.Namespace) -> int:
         paths: list[Path | None] = [target]
     else:
         out.mkdir(parents=True, exist_ok=True)
-        paths = engine._output_paths(items, out, "path", single=False)  # noqa: SLF001
+        paths = list(output_paths(items, out))
     t0 = time.perf_counter()
     for item, path in zip(items, paths, strict=False):
         engine.add_request(item, output_path=path, request_id=str(path))

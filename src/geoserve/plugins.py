@@ -31,7 +31,6 @@ def load_plugins(allow: list[str] | None = None) -> list[str]:
 
     Raises:
         PluginLoadError: a plugin named in ``allow`` / ``GEOSERVE_PLUGINS`` is not installed.
-
     """
     if allow is None:
         env = os.environ.get("GEOSERVE_PLUGINS", "").strip()

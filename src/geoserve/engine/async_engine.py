@@ -22,7 +22,6 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -39,16 +38,6 @@ from geoserve.raster.source import DataFormat
 from geoserve.schemas import ImageRequestOutput, OutFormat, TensorRequestOutput
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class EngineStats:
-    """Counters the engine thread updates after every step (read by metrics)."""
-
-    batches: int = 0
-    patches: int = 0
-    last_batch: int = 0
-    batch_sizes: list[int] = field(default_factory=list)
 
 
 class AsyncEngine:
@@ -77,7 +66,6 @@ class AsyncEngine:
         self.max_pixels = max_pixels
         self.max_wait_s = max_wait_ms / 1000
         self.on_batch = on_batch
-        self.stats = EngineStats()
         self._inbox: queue.Queue[tuple[str, Any]] = queue.Queue()
         self._futures: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Future[Any]]] = {}
         self._reserved: dict[str, int] = {}
@@ -213,12 +201,8 @@ class AsyncEngine:
                 self._fail_all(GeoServeError(f"internal engine error: {exc!r}"))
                 continue
             batch = self.engine.last_batch_size
-            if batch:
-                self.stats.batches += 1
-                self.stats.patches += batch
-                self.stats.last_batch = batch
-                if self.on_batch is not None:
-                    self.on_batch(batch)
+            if batch and self.on_batch is not None:
+                self.on_batch(batch)
             for result in results:
                 self._resolve(result)
 
@@ -250,7 +234,7 @@ class AsyncEngine:
         if self.max_wait_s <= 0:
             return True
         while self.engine.queued_patches < self.engine.max_batch_patches:
-            oldest = min((r.arrival for r in self.engine._active), default=None)  # noqa: SLF001
+            oldest = self.engine.oldest_arrival
             if oldest is None:
                 return True
             remaining = oldest + self.max_wait_s - time.monotonic()
@@ -262,8 +246,8 @@ class AsyncEngine:
 
     def _fail_all(self, error: GeoServeError) -> None:
         """Fail every pending request, so no caller waits forever after an engine bug."""
-        for req in list(self.engine._active):  # noqa: SLF001
-            self.engine.abort_request(req.request_id)
+        for rid in self.engine.pending_ids():
+            self.engine.abort_request(rid)
         for rid in list(self._futures):
             self._resolve(ImageRequestOutput(rid, finished=True, error=error))
 

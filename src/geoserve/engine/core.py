@@ -12,7 +12,6 @@ raises fails only the requests with patches in that batch; the engine keeps serv
 
 from __future__ import annotations
 
-import base64
 import bisect
 import contextlib
 import logging
@@ -23,13 +22,14 @@ import warnings
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, cast, overload
 
 import numpy as np
 import torch
 from einops import rearrange
 from numpy.typing import NDArray
 
+from geoserve.engine.delivery import deliver, output_paths
 from geoserve.engine.model_loader import build_model, resolve_model
 from geoserve.engine.request import Patch, Request
 from geoserve.errors import (
@@ -44,11 +44,9 @@ from geoserve.errors import (
 from geoserve.processors.base import InputProcessor, OutputProcessor
 from geoserve.processors.patcher import GeoTiffPatcher
 from geoserve.raster.source import DataFormat, RasterArray, RasterLike, open_raster
-from geoserve.raster.write import OutputRaster, geotiff_bytes, write_geotiff
 from geoserve.registry import ModelSpec
 from geoserve.schemas import (
     OUT_FORMATS,
-    ImageOutput,
     ImageRequestOutput,
     OutFormat,
     TensorRequestOutput,
@@ -80,7 +78,6 @@ class Engine:
 
     Raises:
         UnknownModelError, ProcessorMismatchError, ConfigError, WeightsError: at start-up.
-
     """
 
     def __init__(
@@ -298,6 +295,15 @@ class Engine:
         return rid
 
     @property
+    def oldest_arrival(self) -> float | None:
+        """``time.monotonic()`` when the oldest pending request arrived (None: none pending)."""
+        return min((r.arrival for r in self._active), default=None)
+
+    def pending_ids(self) -> list[str]:
+        """Ids of the requests still pending."""
+        return [r.request_id for r in self._active]
+
+    @property
     def queued_patches(self) -> int:
         """Patches of pending requests not yet through the model (skipped ones included)."""
         return sum(r.patches_left for r in self._active)
@@ -445,7 +451,8 @@ class Engine:
             raster = req.out_proc.finalize(blended, req.canvas.valid, req.ctx)
             req.timings.stitch += time.perf_counter() - t0
             t1 = time.perf_counter()
-            output = self._deliver(req, raster)
+            path = req.output_path or self.output_dir / f"{req.request_id}.tif"
+            output = deliver(raster, req.ctx.profile, req.out_format, path)
             req.timings.write += time.perf_counter() - t1
             return ImageRequestOutput(
                 req.request_id, True, output, None, req.num_patches, req.timings
@@ -458,21 +465,6 @@ class Engine:
             return ImageRequestOutput(req.request_id, True, None, err, req.num_patches, req.timings)
         finally:
             req.close()
-
-    def _deliver(self, req: Request, raster: OutputRaster) -> ImageOutput:
-        count, height, width = raster.data.shape
-        out = ImageOutput(req.out_format, width, height, count, str(raster.data.dtype))
-        profile = req.ctx.profile
-        if req.out_format == "path":
-            path = req.output_path or self.output_dir / f"{req.request_id}.tif"
-            out.path = write_geotiff(path, raster, profile)
-        elif req.out_format == "tensor":
-            out.tensor = torch.from_numpy(np.ascontiguousarray(raster.data))
-        elif req.out_format == "b64":
-            out.b64 = base64.b64encode(geotiff_bytes(raster, profile)).decode("ascii")
-        else:
-            out.data = geotiff_bytes(raster, profile)
-        return out
 
     # -- offline API -------------------------------------------------------------------------
 
@@ -492,15 +484,37 @@ class Engine:
                 )
                 progress(stitched, total)
 
+    @overload
     def generate_image(
         self,
-        x_or_list: ImageInput | list[ImageInput],
+        x_or_list: list[ImageInput],
         *,
         output_path: str | Path | None = None,
         out_format: OutFormat = "path",
         data_format: DataFormat = "auto",
         progress: ProgressCallback | None = None,
-    ) -> Any:
+    ) -> list[ImageRequestOutput]: ...
+
+    @overload
+    def generate_image(
+        self,
+        x_or_list: RasterLike,
+        *,
+        output_path: str | Path | None = None,
+        out_format: OutFormat = "path",
+        data_format: DataFormat = "auto",
+        progress: ProgressCallback | None = None,
+    ) -> ImageRequestOutput: ...
+
+    def generate_image(
+        self,
+        x_or_list: RasterLike | list[ImageInput],
+        *,
+        output_path: str | Path | None = None,
+        out_format: OutFormat = "path",
+        data_format: DataFormat = "auto",
+        progress: ProgressCallback | None = None,
+    ) -> ImageRequestOutput | list[ImageRequestOutput]:
         """Run one input, or a list of inputs, to completion.
 
         A single input returns its :class:`ImageRequestOutput` and raises its error if it
@@ -510,7 +524,6 @@ class Engine:
 
         Raises:
             GeoServeError: for a single input that failed.
-
         """
         single = not isinstance(x_or_list, list)
         items = cast(list[ImageInput], [x_or_list] if single else list(x_or_list))  # type: ignore[arg-type]
@@ -536,17 +549,7 @@ class Engine:
             return [None] * len(items)
         if single:
             return [Path(output_path)]
-        directory = Path(output_path)
-        directory.mkdir(parents=True, exist_ok=True)
-        seen: dict[str, int] = {}
-        paths: list[Path | None] = []
-        for i, item in enumerate(items):
-            first = item[0] if isinstance(item, list | tuple) else item
-            stem = Path(str(first)).stem if isinstance(first, str | Path) else f"input_{i}"
-            n = seen.get(stem, 0)
-            seen[stem] = n + 1
-            paths.append(directory / (f"{stem}_pred.tif" if n == 0 else f"{stem}_{n}_pred.tif"))
-        return paths
+        return list(output_paths(items, output_path))
 
     def transform(self, tensors: Sequence[torch.Tensor]) -> list[TensorRequestOutput]:
         """Run already-normalised tensors through the model, batched like image requests.

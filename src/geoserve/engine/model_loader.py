@@ -23,7 +23,6 @@ def resolve_model(model: str | ModelSpec) -> tuple[ModelSpec, InputProcessor, Ou
     Raises:
         UnknownModelError: the name is not registered (the message lists those that are).
         ProcessorMismatchError: the model lacks an input or an output processor.
-
     """
     if isinstance(model, str):
         load_plugins()
@@ -52,7 +51,6 @@ def load_weights(module: torch.nn.Module, path: str | Path, model_name: str) -> 
 
     Raises:
         WeightsError: the file is missing, unreadable, or its keys do not match the model.
-
     """
     path = Path(path)
     if not path.is_file():
@@ -84,7 +82,6 @@ def build_model(
 
     Raises:
         WeightsError: the model needs weights and none were given, or they do not load.
-
     """
     if weights is None and spec.weights_required:
         hint = f" ({spec.weights_hint})" if spec.weights_hint else ""

@@ -101,7 +101,6 @@ class Request:
 
         Raises:
             GeoServeError: if reading fails (the caller fails this request alone).
-
         """
         while not self.queue and self.rows_left:
             t0 = time.perf_counter()

@@ -51,7 +51,6 @@ class RasterContext:
             too; it also does when NaN pixels turn up while reading).
         model_kwargs: Extra per-request model arguments as arrays without the batch axis
             (``temporal_coords`` (T, 2), ``location_coords`` (2,)); empty for most models.
-
     """
 
     grid: PatchGrid
@@ -73,7 +72,6 @@ class PatchRow:
         patches: float32 array (len(cols), C, P, P), or (len(cols), C, T, P, P) for T dates.
         core_valid: (core height, width) bool mask of valid input pixels in this row's core
             rows, or ``None`` when every pixel is valid.
-
     """
 
     row: int
@@ -100,7 +98,6 @@ class InputProcessor(ABC, Configurable):
 
         Raises:
             GeoServeError: a subclass naming the file, band or field at fault.
-
         """
 
     @abstractmethod
@@ -150,5 +147,4 @@ class OutputProcessor(ABC, Configurable):
 
         Raises:
             ConfigError: if this model's output cannot be turned into ``kind``.
-
         """

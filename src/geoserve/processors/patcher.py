@@ -52,7 +52,6 @@ class GeoTiffPatcher(InputProcessor):
             stacks and 6-band HLS files).
         nodata: Override the input's declared nodata value.
         fill: Value (after normalisation) written into masked pixels before the model sees them.
-
     """
 
     bands: tuple[int | str, ...] | None = None

@@ -50,7 +50,6 @@ class SegmentationReassembler(OutputProcessor):
         colors: One RGB colour per class for the class map's colour table.
         kind: ``classes`` (uint8 class map), ``probabilities`` (float32, one band per class) or
             ``raw`` (blended float32 logits).
-
     """
 
     classes: tuple[str, ...] = ()

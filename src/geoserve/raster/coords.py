@@ -34,7 +34,6 @@ def centre_lonlat(info: RasterInfo) -> tuple[float, float]:
 
     Raises:
         InputError: if the raster is not georeferenced.
-
     """
     if not info.is_georeferenced:
         raise InputError(f"{info.name}: not georeferenced, so it has no location for the model")
@@ -54,7 +53,6 @@ def acquisition_date(info: RasterInfo) -> dt.date:
 
     Raises:
         InputError: if neither carries a date.
-
     """
     tags = {k.upper(): v for k, v in info.tags.items()}
     for key in _DATE_TAGS:

@@ -51,7 +51,6 @@ def check_tiling(patch_size: int, stride: int, blend: str) -> None:
 
     Raises:
         ConfigError: naming the offending field and value.
-
     """
     if blend not in BLEND_MODES:
         raise ConfigError(f"invalid blend: {blend!r}; choose one of {', '.join(BLEND_MODES)}")

@@ -87,7 +87,6 @@ class RasterSource(ABC):
 
         Raises:
             RasterReadError: if the data cannot be decoded (truncated or corrupt file).
-
         """
 
     def close(self) -> None:  # noqa: B027 - optional hook, nothing to release by default
@@ -239,7 +238,6 @@ def open_raster(obj: RasterLike, data_format: DataFormat = "auto") -> RasterSour
     Raises:
         RasterReadError: the file is missing or is not a readable raster.
         InputError: bad base64, an unsupported data type, or zero width/height.
-
     """
     if isinstance(obj, RasterArray):
         source: RasterSource = ArraySource(obj)
@@ -277,7 +275,6 @@ def resolve_bands(info: RasterInfo, bands: Sequence[int | str] | None) -> list[i
 
     Raises:
         BandMismatchError: an index out of range, or a name no band carries.
-
     """
     if bands is None:
         return list(range(info.count))

@@ -83,7 +83,6 @@ def write_geotiff(
 
     Raises:
         OutputWriteError: naming the path, if the directory is missing or the write fails.
-
     """
     path = Path(path)
     if not path.parent.is_dir():

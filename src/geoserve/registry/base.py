@@ -22,7 +22,6 @@ class Registry(Generic[T]):
     Args:
         label: What the registry holds, used in error messages ("model", "input processor").
         not_found: Exception factory for unknown names; defaults to :class:`UnknownNameError`.
-
     """
 
     def __init__(
@@ -40,7 +39,6 @@ class Registry(Generic[T]):
 
         Raises:
             RegistryError: if ``name`` is empty or already registered and ``override`` is false.
-
         """
         if not isinstance(name, str) or not name.strip():
             raise RegistryError(f"{self.label} name must be a non-empty string, got {name!r}")
@@ -65,7 +63,6 @@ class Registry(Generic[T]):
 
         Raises:
             UnknownNameError: (or the registry's own subclass) listing the known names.
-
         """
         try:
             return self._items[name]

@@ -37,7 +37,6 @@ class ModelSpec:
         loads_weights: The factory takes the weights path itself (``factory(weights)``), for
             models whose checkpoints need their own loader (Prithvi); otherwise the engine
             loads a plain state dict into ``factory()``.
-
     """
 
     name: str
