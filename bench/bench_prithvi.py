@@ -140,8 +140,8 @@ def write_markdown(report: dict[str, Any]) -> None:
     e = report["engine"]
     lines += [
         "",
-        "For scale: an H200 runs the 300M shape (1 frame; the CPU row above has 4) at 2,182 patches/s in bf16 and about 360 in "
-        "fp32 (../shared/reference/hardware_limits.md); the GPU rows need a lent GPU machine "
+        "For scale: an H200 runs the 300M shape (1 frame; the CPU row above has 4) at 2,182 "
+        "patches/s in bf16 and about 360 in fp32 (../shared/reference/hardware_limits.md); the GPU rows need a lent GPU machine "
         "(none was lent to this task).",
         "",
         f"Engine model step vs raw forward ({e['model']}, batch {e['batch']}, "
