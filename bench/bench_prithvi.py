@@ -141,8 +141,8 @@ def write_markdown(report: dict[str, Any]) -> None:
     lines += [
         "",
         "For scale: an H200 runs the 300M shape (1 frame; the CPU row above has 4) at 2,182 "
-        "patches/s in bf16 and about 360 in fp32 (../shared/reference/hardware_limits.md); the GPU rows need a lent GPU machine "
-        "(none was lent to this task).",
+        "patches/s in bf16 and about 360 in fp32 (../shared/reference/hardware_limits.md); "
+        "the GPU rows need a lent GPU machine (none was lent to this task).",
         "",
         f"Engine model step vs raw forward ({e['model']}, batch {e['batch']}, "
         f"{e['patches']} patches of the lake scene): the engine's forward passes took "
