@@ -44,7 +44,7 @@ def test_missing_file_exit_1_one_line(tmp_path):
 def test_unknown_model_exit_1_lists_models(tmp_path):
     res = run("predict", "x.tif", "-o", str(tmp_path / "o.tif"), "--model", "ndwi-watr")
     assert res.returncode == 1
-    assert "unknown model 'ndwi-watr' (did you mean 'ndwi-water'?)" in res.stderr
+    assert "unknown model 'ndwi-watr' (did you mean 'ndwi-water'" in res.stderr
     assert "identity" in res.stderr
     assert "Traceback" not in res.stderr
 
@@ -112,6 +112,8 @@ def test_several_inputs_one_bad_summary_and_exit_1(tmp_path, make_geotiff):
         str(other),
         "-o",
         str(outdir),
+        "--model",
+        "ndwi-water",
         "--output-kind",
         "probabilities",
         "--blend",
@@ -129,3 +131,73 @@ def test_several_inputs_one_bad_summary_and_exit_1(tmp_path, make_geotiff):
     valid = ~np.isnan(probs[0])
     np.testing.assert_allclose(probs[:, valid].sum(0), 1, rtol=1e-5)
     assert (outdir / "small_pred.tif").exists()
+
+
+@needs_shared(LAKE)
+def test_default_model_progress_lines_and_quicklook(tmp_path):
+    out, png = tmp_path / "w.tif", tmp_path / "w.png"
+    res = run("predict", str(LAKE), "-o", str(out), "--quicklook", str(png))
+    assert res.returncode == 0, res.stderr
+    lines = [ln for ln in res.stderr.splitlines() if ln.startswith("progress: ")]
+    assert lines, res.stderr
+    assert lines[-1].startswith("progress: 32/32 patches (100%)")
+    assert "patches/s" in lines[-1]
+    with rasterio.open(out) as dst:
+        assert dst.tags()["CLASS_NAMES"] == "not water,water"  # the demo model by default
+    from PIL import Image
+
+    img = np.asarray(Image.open(png).convert("RGB"), dtype=np.float32)
+    assert img.shape == (620, 1200, 3)
+    assert img.std() > 20  # not blank
+    quiet = run("predict", str(LAKE), "-o", str(tmp_path / "q.tif"), "-q")
+    assert quiet.returncode == 0
+    assert quiet.stdout == ""
+    assert "progress" not in quiet.stderr
+
+
+@needs_shared(FLOOD)
+def test_quicklook_for_probabilities_has_a_colour_bar(tmp_path):
+    png = tmp_path / "p.png"
+    res = run(
+        "predict",
+        str(FLOOD),
+        "-o",
+        str(tmp_path / "p.tif"),
+        "--output-kind",
+        "probabilities",
+        "--quicklook",
+        str(png),
+        "-q",
+    )
+    assert res.returncode == 0, res.stderr
+    from PIL import Image
+
+    img = np.asarray(Image.open(png).convert("RGB"), dtype=np.float32)
+    assert img.std() > 20
+
+
+@needs_shared(LAKE)
+def test_info_describes_the_file_and_checks_a_model(tmp_path):
+    res = run("info", str(LAKE))
+    assert res.returncode == 0, res.stderr
+    assert "1536 x 768 pixels, 13 band(s) uint16" in res.stdout
+    assert "EPSG:32633" in res.stdout
+    assert "pixel:     10 x 10 m" in res.stdout
+    assert "date:      2017-02-16" in res.stdout
+    assert "band  8:   B8A" in res.stdout
+    fits = run("info", str(LAKE), "--model", "demo-water")
+    assert fits.returncode == 0
+    assert (
+        "fits demo-water: yes (bands 1, 2, 3, 8, 11, 12: B2, B3, B4, B8A, B11, B12" in fits.stdout
+    )
+
+
+@needs_shared(RGB)
+def test_info_says_why_a_file_does_not_fit(tmp_path):
+    res = run("info", str(RGB), "--model", "ndwi-water")
+    assert res.returncode == 1
+    assert "fits ndwi-water: no: " in res.stdout
+    assert "no band named 'B3'" in res.stdout
+    missing = run("info", str(tmp_path / "none.tif"))
+    assert missing.returncode == 1
+    assert "none.tif: no such file" in missing.stderr

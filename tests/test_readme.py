@@ -38,6 +38,8 @@ def test_demo_command_runs_on_the_bundled_scene(tmp_path):
     assert args[0] == ".venv/bin/geoserve"
     out_index = args.index("-o") + 1
     args[out_index] = str(tmp_path / args[out_index])
+    png_index = args.index("--quicklook") + 1
+    args[png_index] = str(tmp_path / args[png_index])
     res = subprocess.run(
         [sys.executable, "-m", "geoserve", *args[1:]],
         cwd=ROOT,
@@ -49,3 +51,4 @@ def test_demo_command_runs_on_the_bundled_scene(tmp_path):
     with rasterio.open(args[out_index]) as dst:
         assert (dst.width, dst.height) == (1536, 768)
         assert dst.colormap(1)[1][:3] == (31, 120, 220)
+    assert Path(args[png_index]).stat().st_size > 10_000

@@ -18,10 +18,11 @@ from typing import Any
 
 from geoserve.errors import ConfigError, GeoServeError, PluginLoadError
 from geoserve.processors.base import OUTPUT_KINDS
+from geoserve.progress import Progress
 from geoserve.raster.grid import BLEND_MODES
 from geoserve.schemas import ImageRequestOutput
 
-DEFAULT_MODEL = "ndwi-water"
+DEFAULT_MODEL = "demo-water"
 
 
 def _bands(text: str) -> list[int | str]:
@@ -101,6 +102,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--time-series",
         action="store_true",
         help="treat all inputs as the dates of one place (one output)",
+    )
+    p.add_argument(
+        "--quicklook",
+        metavar="PNG",
+        help="also draw input and prediction side by side (a directory for several inputs)",
     )
     p.add_argument("-q", "--quiet", action="store_true", help="print errors only")
     p.add_argument(
@@ -201,6 +207,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS
     )
 
+    i = sub.add_parser("info", help="describe a raster; with --model, whether it fits")
+    i.add_argument("input", metavar="IN", help="a GeoTIFF")
+    i.add_argument("-m", "--model", help="check the file against this model's needs")
+    i.add_argument(
+        "--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS
+    )
+
     m = sub.add_parser("models", help="list registered models")
     m.add_argument(
         "--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS
@@ -259,22 +272,19 @@ def _cmd_predict(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     for item, path in zip(items, paths, strict=False):
         engine.add_request(item, output_path=path, request_id=str(path))
-    failed = 0
-    patches = 0
-    for result in engine.run_until_done():
-        patches += result.num_patches
-        if result.error is not None:
-            failed += 1
-            if args.debug:
-                traceback.print_exception(result.error)
-            print(f"geoserve: error: {result.error}", file=sys.stderr)
-        elif not args.quiet and isinstance(result, ImageRequestOutput):
-            o = result.outputs
-            assert o is not None
-            print(
-                f"wrote {o.path} ({o.width}x{o.height}, {o.count} band(s) {o.dtype}, "
-                f"{result.num_patches} patches, {result.timings.total:.2f} s)"
-            )
+    total = engine.queued_patches
+    progress = None
+    if not args.quiet and total:
+        progress = Progress(total, sys.stderr, tty=sys.stderr.isatty())
+    failed = patches = 0
+    quicklooks = _quicklook_paths(args, items, paths)
+    while engine.has_unfinished():
+        results = engine.step()
+        if progress is not None:
+            progress.update(total - engine.queued_patches, final=not engine.has_unfinished())
+        for result in results:
+            patches += result.num_patches
+            failed += _report(result, args, quicklooks)
     if not args.quiet and len(items) > 1:
         dt = time.perf_counter() - t0
         print(
@@ -282,6 +292,96 @@ def _cmd_predict(args: argparse.Namespace) -> int:
             f"{patches} patches in {dt:.1f} s ({patches / max(dt, 1e-9):.1f} patches/s)"
         )
     return 1 if failed else 0
+
+
+def _quicklook_paths(
+    args: argparse.Namespace, items: list[Any], paths: list[Path | None]
+) -> dict[str, tuple[Any, Path]]:
+    """Request id -> (input, PNG path) when --quicklook was given."""
+    if not args.quicklook:
+        return {}
+    target = Path(args.quicklook)
+    if len(items) == 1:
+        return {str(paths[0]): (items[0], target)}
+    target.mkdir(parents=True, exist_ok=True)
+    return {
+        str(path): (item, target / f"{Path(str(path)).stem}.png")
+        for item, path in zip(items, paths, strict=True)
+    }
+
+
+def _report(
+    result: ImageRequestOutput | Any, args: argparse.Namespace, quicklooks: dict[str, Any]
+) -> int:
+    """Print one finished request; draw its quicklook; 1 if it failed."""
+    if result.error is not None:
+        if args.debug:
+            traceback.print_exception(result.error)
+        print(f"geoserve: error: {result.error}", file=sys.stderr)
+        return 1
+    o = result.outputs
+    assert o is not None
+    if result.request_id in quicklooks:
+        from geoserve.quicklook import render_quicklook
+
+        item, png = quicklooks[result.request_id]
+        first = item[0] if isinstance(item, list) else item
+        assert o.path is not None
+        render_quicklook(first, o.path, png)
+        if not args.quiet:
+            print(f"wrote {png} (quicklook)")
+    if not args.quiet:
+        print(
+            f"wrote {o.path} ({o.width}x{o.height}, {o.count} band(s) {o.dtype}, "
+            f"{result.num_patches} patches, {result.timings.total:.2f} s)"
+        )
+    return 0
+
+
+def _cmd_info(args: argparse.Namespace) -> int:
+    from geoserve.raster.coords import acquisition_date, centre_lonlat
+    from geoserve.raster.source import open_raster
+
+    with open_raster(args.input) as src:
+        info = src.info
+        print(f"file:      {info.name}")
+        print(f"size:      {info.width} x {info.height} pixels, {info.count} band(s) {info.dtype}")
+        if info.is_georeferenced:
+            epsg = info.crs.to_epsg()
+            unit = "deg" if info.crs.is_geographic else "m"
+            print(f"crs:       {f'EPSG:{epsg}' if epsg else info.crs.to_string()}")
+            print(f"pixel:     {abs(info.transform.a):.6g} x {abs(info.transform.e):.6g} {unit}")
+            lon, lat = centre_lonlat(info)
+            print(f"centre:    lon {lon:.5f}, lat {lat:.5f}")
+        else:
+            print("crs:       none (not georeferenced)")
+        print(f"nodata:    {info.nodata if info.nodata is not None else 'none declared'}")
+        try:
+            print(f"date:      {acquisition_date(info).isoformat()}")
+        except GeoServeError:
+            print("date:      unknown")
+        for i, desc in enumerate(info.descriptions):
+            print(f"band {i:2d}:   {desc or '(no description)'}")
+        if not args.model:
+            return 0
+        return _check_fit(args.model, src)
+
+
+def _check_fit(model: str, src: Any) -> int:
+    from geoserve.engine import resolve_model
+
+    spec, in_proc, _ = resolve_model(model)
+    try:
+        ctx = in_proc.prepare([src] * in_proc.num_frames)
+    except GeoServeError as exc:
+        print(f"fits {spec.name}: no: {exc}")
+        return 1
+    names = ", ".join(ctx.band_names)
+    print(
+        f"fits {spec.name}: yes (bands {', '.join(map(str, ctx.bands))}: {names}; "
+        f"{len(ctx.grid)} patches of {ctx.grid.patch_size} px)"
+    )
+    return 0
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
@@ -329,6 +429,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _cmd_models(args)
         if args.command == "serve":
             return _cmd_serve(args)
+        if args.command == "info":
+            return _cmd_info(args)
         return _cmd_predict(args)
     except GeoServeError as exc:
         if args.debug:

@@ -70,3 +70,20 @@ def test_in_memory_outputs_match_file_output(make_geotiff, tmp_path):
             assert ds.transform == transform
     np.testing.assert_array_equal(tensor_out.tensor.numpy(), expected)
     assert geotiff_bytes(OutputRaster(expected), PROFILE)[:2] in (b"II", b"MM")
+
+
+def test_class_names_go_to_the_gdal_sidecar(tmp_path):
+    import xml.etree.ElementTree as ET
+
+    out = OutputRaster(
+        np.zeros((1, 20, 20), dtype=np.uint8),
+        nodata=255,
+        categories=("not water", "water & wetland"),
+    )
+    path = write_geotiff(tmp_path / "c.tif", out, PROFILE)
+    sidecar = tmp_path / "c.tif.aux.xml"
+    root = ET.parse(sidecar).getroot()
+    names = [c.text for c in root.iter("Category")]
+    assert names == ["not water", "water & wetland"]
+    with rasterio.open(path) as ds:  # GDAL still opens it, sidecar and all
+        assert ds.read().shape == (1, 20, 20)

@@ -52,4 +52,5 @@ class NdwiWater(nn.Module):
 
 
 def register() -> None:
-    """Entry point: the decorators above ran when this module was imported."""
+    """Entry point: the decorators here and in the demo model ran when imported."""
+    import geoserve.models.demo  # noqa: F401

@@ -97,7 +97,12 @@ class SegmentationReassembler(OutputProcessor):
             if cmap is not None and masked:
                 cmap[nodata] = (0, 0, 0, 0)
             return OutputRaster(
-                out, nodata if masked else None, ("class",), colormap=cmap, tags=tags
+                out,
+                nodata if masked else None,
+                ("class",),
+                colormap=cmap,
+                tags=tags,
+                categories=self.classes,
             )
         values = _softmax(blended) if self.kind == "probabilities" else blended
         names = (

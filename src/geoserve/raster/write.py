@@ -37,6 +37,7 @@ class OutputRaster:
     descriptions: Sequence[str] = ()
     colormap: Mapping[int, tuple[int, int, int, int]] | None = None
     tags: Mapping[str, str] = field(default_factory=dict)
+    categories: Sequence[str] = ()
 
 
 def output_profile(source_profile: Mapping[str, Any], out: OutputRaster) -> dict[str, Any]:
@@ -91,12 +92,32 @@ def write_geotiff(
     try:
         with rasterio.open(tmp, "w", **output_profile(source_profile, out)) as dst:
             _write(dst, out)
+        if out.categories:
+            _write_categories(path, out.categories)
         os.replace(tmp, path)
     except (RasterioError, OSError) as exc:
         raise OutputWriteError(f"{path}: cannot write output ({exc})") from exc
     finally:
         tmp.unlink(missing_ok=True)
     return path
+
+
+def _write_categories(path: Path, names: Sequence[str]) -> None:
+    """Class names for GIS tools, in GDAL's PAM sidecar (``<file>.aux.xml``).
+
+    GeoTIFF has no place for category names; GDAL (and so QGIS) reads them from the sidecar.
+    """
+    from xml.sax.saxutils import escape
+
+    items = "".join(f"<Category>{escape(n)}</Category>" for n in names)
+    xml = (
+        f'<PAMDataset><PAMRasterBand band="1"><CategoryNames>{items}</CategoryNames>'
+        "</PAMRasterBand></PAMDataset>\n"
+    )
+    sidecar = path.with_name(path.name + ".aux.xml")
+    tmp = sidecar.with_name(f".{sidecar.name}.{uuid.uuid4().hex[:8]}.tmp")
+    tmp.write_text(xml)
+    os.replace(tmp, sidecar)
 
 
 def geotiff_bytes(out: OutputRaster, source_profile: Mapping[str, Any]) -> bytes:
