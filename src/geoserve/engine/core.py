@@ -186,19 +186,15 @@ class Engine:
             for item in inputs:
                 sources.append(open_raster(item, data_format))
             ctx = proc.prepare(sources)
-        except BandMismatchError as exc:
+        except BaseException as exc:
             for src in sources:
                 src.close()
             wanted = getattr(proc, "bands", None)
-            if wanted:
+            if isinstance(exc, BandMismatchError) and wanted:
                 raise BandMismatchError(
                     f"{exc}; model {self.spec.name!r} reads bands "
                     f"{', '.join(map(str, wanted))} (override with bands= / --bands)"
                 ) from exc
-            raise
-        except BaseException:
-            for src in sources:
-                src.close()
             raise
         return Request(
             request_id,

@@ -127,6 +127,27 @@ class CoordsEncoder(nn.Module):
         return self.scale * torch.cat([first, second], dim=-1)
 
 
+def add_coords(
+    tokens: torch.Tensor,
+    num_frames: int,
+    temporal: CoordsEncoder | None,
+    temporal_coords: torch.Tensor | None,
+    location: CoordsEncoder | None,
+    location_coords: torch.Tensor | None,
+) -> torch.Tensor:
+    """Add the time and location encodings to (B, L, D) patch tokens, where both are given.
+
+    The time encoding of each frame is repeated over that frame's tokens; tokens per frame come
+    from the *configured* number of frames, as in the reference.
+    """
+    if temporal is not None and temporal_coords is not None:
+        per_frame = tokens.shape[1] // num_frames
+        tokens = tokens + torch.repeat_interleave(temporal(temporal_coords), per_frame, dim=1)
+    if location is not None and location_coords is not None:
+        tokens = tokens + location(location_coords).unsqueeze(1)
+    return tokens
+
+
 class PrithviViT(nn.Module):
     """Prithvi encoder; see the module docstring. Input (B, C, T, H, W), or (B, C, H, W) if T=1."""
 
@@ -188,13 +209,14 @@ class PrithviViT(nn.Module):
         t, h, w = x.shape[-3:]
         p = self.patch_size
         pos = resize_pos_embed(self.pos_embed, self.grid, (t // p[0], h // p[1], w // p[2]))
-        tokens = self.patch_embed(x) + pos[:, 1:]
-        if self.temporal_embed_enc is not None and temporal_coords is not None:
-            per_frame = tokens.shape[1] // self.num_frames  # configured frames, as the reference
-            enc = self.temporal_embed_enc(temporal_coords)  # (B, T, D)
-            tokens = tokens + torch.repeat_interleave(enc, per_frame, dim=1)
-        if self.location_embed_enc is not None and location_coords is not None:
-            tokens = tokens + self.location_embed_enc(location_coords).unsqueeze(1)
+        tokens = add_coords(
+            self.patch_embed(x) + pos[:, 1:],
+            self.num_frames,
+            self.temporal_embed_enc,
+            temporal_coords,
+            self.location_embed_enc,
+            location_coords,
+        )
         cls = (self.cls_token + pos[:, :1]).expand(tokens.shape[0], -1, -1)
         return torch.cat([cls, tokens], dim=1), pos
 

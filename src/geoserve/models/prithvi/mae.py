@@ -16,6 +16,7 @@ from torch import nn
 from geoserve.models.prithvi.encoder import (
     CoordsEncoder,
     PrithviViT,
+    add_coords,
     resize_pos_embed,
     set_layernorm_eps,
     sincos_3d,
@@ -75,13 +76,15 @@ class MAEDecoder(nn.Module):
         p = self.patch_size
         new_grid = (input_shape[0] // p[0], input_shape[1] // p[1], input_shape[2] // p[2])
         pos = resize_pos_embed(self.decoder_pos_embed, self.grid, new_grid)
-        cls, x = x[:, :1] + pos[:, :1], x[:, 1:] + pos[:, 1:]
-        if self.temporal_embed_dec is not None and temporal_coords is not None:
-            per_frame = x.shape[1] // self.num_frames
-            enc = self.temporal_embed_dec(temporal_coords)
-            x = x + torch.repeat_interleave(enc, per_frame, dim=1)
-        if self.location_embed_dec is not None and location_coords is not None:
-            x = x + self.location_embed_dec(location_coords).unsqueeze(1)
+        cls = x[:, :1] + pos[:, :1]
+        x = add_coords(
+            x[:, 1:] + pos[:, 1:],
+            self.num_frames,
+            self.temporal_embed_dec,
+            temporal_coords,
+            self.location_embed_dec,
+            location_coords,
+        )
         x = torch.cat([cls, x], dim=1)
         for block in self.decoder_blocks:
             x = block(x)
