@@ -9,6 +9,6 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install --quiet --upgrade pip
 .venv/bin/python -m pip install --quiet torch==2.14.1 torchvision==0.29.1
-.venv/bin/python -m pip install --quiet -e '.[dev,server]'
+.venv/bin/python -m pip install --quiet -e '.[dev,server,ray]'
 # the Prithvi model plugin (its own package, found through the geoserve.plugins entry point)
 .venv/bin/python -m pip install --quiet -e plugins/geoserve-prithvi

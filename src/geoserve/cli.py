@@ -104,6 +104,35 @@ def build_parser() -> argparse.ArgumentParser:
         help="treat all inputs as the dates of one place (one output)",
     )
     p.add_argument(
+        "--ray",
+        nargs="?",
+        const="local",
+        metavar="ADDRESS",
+        help="run the scenes on a Ray cluster (ADDRESS, or 'auto'; a local one when omitted); "
+        "-o is a directory; needs geoserve[ray]",
+    )
+    p.add_argument(
+        "--ray-actors",
+        type=_positive,
+        default=2,
+        metavar="N",
+        help="engines running at once on Ray (default 2)",
+    )
+    p.add_argument(
+        "--cpus-per-actor",
+        type=float,
+        default=1.0,
+        metavar="N",
+        help="CPUs reserved per Ray actor (default 1)",
+    )
+    p.add_argument(
+        "--gpus-per-actor",
+        type=float,
+        default=0.0,
+        metavar="N",
+        help="GPUs per Ray actor (default 0; 1 = one engine per GPU)",
+    )
+    p.add_argument(
         "--quicklook",
         metavar="PNG",
         help="also draw input and prediction side by side (a directory for several inputs)",
@@ -245,7 +274,52 @@ def _cmd_models(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_predict_ray(args: argparse.Namespace) -> int:
+    from geoserve.distributed import SceneResult, run_batch
+
+    def show(result: SceneResult) -> None:
+        if not result.ok:
+            print(
+                f"geoserve: error: {result.path}: {result.error} "
+                f"(after {result.attempts} attempt(s))",
+                file=sys.stderr,
+            )
+        elif not args.quiet:
+            print(f"wrote {result.output} ({result.patches} patches, {result.seconds:.2f} s)")
+
+    inputs, address = list(args.inputs), None if args.ray == "local" else args.ray
+    if address is not None and Path(address).exists():  # `--ray IN ...`: no address given
+        inputs, address = [address, *inputs], None
+    summary = run_batch(
+        inputs,
+        args.output,
+        model=args.model,
+        address=address,
+        actors=args.ray_actors,
+        cpus_per_actor=args.cpus_per_actor,
+        gpus_per_actor=args.gpus_per_actor,
+        on_result=show,
+        weights=args.weights,
+        device=args.device,
+        dtype=args.dtype,
+        patch_size=args.patch_size,
+        stride=args.stride,
+        blend=args.blend,
+        bands=args.bands,
+        output_kind=args.output_kind,
+        max_batch_patches=args.batch_size,
+    )
+    if not args.quiet:
+        for result in summary.results:
+            if result.skipped:
+                print(f"skipped {result.path}: {result.output} exists")
+        print(summary.line())
+    return 1 if summary.failed else 0
+
+
 def _cmd_predict(args: argparse.Namespace) -> int:
+    if args.ray:
+        return _cmd_predict_ray(args)
     from geoserve.engine import Engine
     from geoserve.engine.delivery import output_paths
 

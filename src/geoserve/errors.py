@@ -42,6 +42,19 @@ class UnknownNameError(GeoServeError, KeyError):
     def __str__(self) -> str:  # KeyError would otherwise quote the whole message
         return str(self.args[0])
 
+    def __reduce__(self) -> tuple[object, ...]:
+        # picklable (worker processes, Ray) despite the richer constructor
+        return (_rebuild_unknown, (type(self), self.args, self.label, self.name, self.known))
+
+
+def _rebuild_unknown(
+    cls: type[UnknownNameError], args: tuple[object, ...], label: str, name: str, known: list[str]
+) -> UnknownNameError:
+    err = cls.__new__(cls)
+    err.args = args
+    err.label, err.name, err.known = label, name, known
+    return err
+
 
 class UnknownModelError(UnknownNameError):
     """Raised when a model name is not in the model registry."""

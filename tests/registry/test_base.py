@@ -49,3 +49,13 @@ def test_model_registry_raises_unknown_model_error():
     load_plugins()
     with pytest.raises(UnknownModelError, match="known: .*identity"):
         MODEL_REGISTRY.get("no-such-model")
+
+
+def test_unknown_name_errors_survive_pickling():
+    import pickle
+
+    err = UnknownModelError("nope", ["a", "b"])
+    back = pickle.loads(pickle.dumps(err))
+    assert type(back) is UnknownModelError
+    assert str(back) == str(err)
+    assert back.known == ["a", "b"]

@@ -1,0 +1,133 @@
+"""Many scenes on a real local Ray cluster."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import rasterio
+
+from geoserve import Engine
+from geoserve.distributed import run_batch
+from geoserve.distributed.batch import expand_inputs
+from geoserve.errors import ConfigError
+from tests.conftest import write_geotiff
+
+
+@pytest.fixture
+def scenes(tmp_path):
+    rng = np.random.default_rng(9)
+    (tmp_path / "in").mkdir()
+    paths = []
+    for i, (h, w) in enumerate([(40, 52), (17, 90), (64, 30), (33, 33), (70, 41), (25, 60)]):
+        data = rng.integers(0, 400, (3, h, w)).astype(np.uint16)
+        paths.append(write_geotiff(tmp_path / "in" / f"s{i}.tif", data))
+    return paths
+
+
+def test_six_scenes_over_two_actors_equal_the_single_process_engine(ray_cluster, scenes, tmp_path):
+    out_dir = tmp_path / "out"
+    summary = run_batch(
+        [str(tmp_path / "in" / "*.tif")],
+        out_dir,
+        model="test-seg",
+        actors=2,
+        imports=["tests.stub_models"],
+    )
+    assert [r.ok for r in summary.results] == [True] * 6
+    assert summary.patches > 0
+    assert not summary.failed
+    engine = Engine("test-seg")
+    for path, result in zip(scenes, summary.results, strict=True):
+        assert result.path == str(path)
+        expected = engine.generate_image(path, out_format="tensor").outputs.tensor.numpy()
+        with rasterio.open(result.output) as dst, rasterio.open(path) as src:
+            np.testing.assert_array_equal(dst.read(), expected)
+            assert (dst.crs, dst.transform) == (src.crs, src.transform)
+
+
+def test_corrupt_scene_reported_others_finish_and_rerun_does_no_work(ray_cluster, scenes, tmp_path):
+    bad = tmp_path / "in" / "zz_corrupt.tif"
+    bad.write_bytes(b"II*\x00" + b"\x00" * 100)
+    out_dir = tmp_path / "out"
+    first = run_batch(
+        [str(tmp_path / "in" / "*.tif")],
+        out_dir,
+        model="test-seg",
+        actors=2,
+        retries=1,
+        imports=["tests.stub_models"],
+    )
+    failed = first.failed
+    assert [r.path for r in failed] == [str(bad)]
+    assert "zz_corrupt.tif" in failed[0].error
+    assert failed[0].attempts == 2
+    assert sum(r.ok for r in first.results) == 6
+    assert not (out_dir / "zz_corrupt_pred.tif").exists()
+    stamps = {p: p.stat().st_mtime_ns for p in out_dir.glob("*.tif")}
+    t0 = time.perf_counter()
+    second = run_batch(
+        [str(tmp_path / "in" / "*.tif")],
+        out_dir,
+        model="test-seg",
+        actors=2,
+        imports=["tests.stub_models"],
+    )
+    assert sum(r.skipped for r in second.results) == 6
+    assert second.patches == 0
+    assert [r.path for r in second.failed] == [str(bad)]  # still reported, never dropped
+    assert {p: p.stat().st_mtime_ns for p in out_dir.glob("*.tif")} == stamps
+    assert "6 skipped (output exists), 1 failed" in second.line()
+    assert time.perf_counter() - t0 < 120
+
+
+def test_engine_that_cannot_start_on_the_workers_is_one_clear_error(ray_cluster, scenes, tmp_path):
+    from geoserve.errors import GeoServeError
+
+    with pytest.raises(GeoServeError, match="weights file for model 'test-seg' not found"):
+        run_batch(
+            [str(scenes[0])],
+            tmp_path / "o",
+            model="test-seg",
+            actors=1,
+            imports=["tests.stub_models"],
+            weights=tmp_path / "missing.pt",
+        )
+
+
+def test_pattern_matching_nothing_is_an_error(tmp_path):
+    with pytest.raises(ConfigError, match="matches no file"):
+        expand_inputs([str(tmp_path / "*.tif")])
+
+
+def test_cli_ray_run(scenes, tmp_path):
+    code = "import sys; from geoserve.cli import main; sys.exit(main(sys.argv[1:]))"
+    out_dir = tmp_path / "cli_out"
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            code,
+            "predict",
+            "--ray",
+            "--ray-actors",
+            "1",
+            "--model",
+            "identity",
+            str(tmp_path / "in" / "s0.tif"),
+            str(tmp_path / "in" / "s1.tif"),
+            "-o",
+            str(out_dir),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "2 scene(s) done, 0 skipped (output exists), 0 failed" in res.stdout
+    assert (out_dir / "s0_pred.tif").exists()
+    with rasterio.open(out_dir / "s1_pred.tif") as dst, rasterio.open(scenes[1]) as src:
+        np.testing.assert_array_equal(dst.read(), src.read().astype(np.float32))
