@@ -225,6 +225,27 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--output-dir", metavar="DIR", help="allow 'path' outputs, written in DIR")
     s.add_argument("--api-key", help="require this key (or set GEOSERVE_API_KEY)")
     s.add_argument(
+        "--ray",
+        nargs="?",
+        const="local",
+        metavar="ADDRESS",
+        help="serve replicas on Ray Serve (ADDRESS or 'auto'; a local cluster when omitted)",
+    )
+    s.add_argument(
+        "--replicas",
+        type=_positive,
+        default=2,
+        metavar="N",
+        help="Ray Serve replicas, each with its own engine (default 2)",
+    )
+    s.add_argument(
+        "--gpus-per-replica",
+        type=float,
+        default=0.0,
+        metavar="N",
+        help="GPUs per replica (default 0)",
+    )
+    s.add_argument(
         "--shutdown-timeout",
         dest="shutdown_timeout_s",
         type=float,
@@ -481,6 +502,16 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         if directory is not None and not directory.is_dir():
             raise ConfigError(f"{directory}: not a directory")
     logging.getLogger("geoserve").setLevel(logging.INFO)
+    if args.ray:
+        from geoserve.distributed.serving import serve_on_ray
+
+        serve_on_ray(
+            settings,
+            address=None if args.ray == "local" else args.ray,
+            replicas=args.replicas,
+            gpus_per_replica=args.gpus_per_replica,
+        )
+        return 0
     return serve(settings)
 
 
