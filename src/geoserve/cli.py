@@ -45,6 +45,36 @@ def _positive(text: str) -> int:
     return value
 
 
+def _model_options() -> argparse.ArgumentParser:
+    """Options shared by ``predict`` and ``serve``: which model, and where and how it runs."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "-m",
+        "--model",
+        default=DEFAULT_MODEL,
+        help=f"registered model name (default: {DEFAULT_MODEL}; see `geoserve models`)",
+    )
+    common.add_argument("--weights", metavar="FILE", help="local weights file for the model")
+    common.add_argument("--device", default="cpu", help="torch device (cpu, cuda, cuda:1)")
+    common.add_argument("--dtype", help="autocast dtype on the device: bf16 or fp16")
+    common.add_argument(
+        "--threads",
+        type=_positive,
+        metavar="N",
+        help="torch CPU threads for the model (default: torch's choice)",
+    )
+    common.add_argument(
+        "--batch-size",
+        "--max-batch-patches",
+        dest="batch_size",
+        type=_positive,
+        default=16,
+        metavar="N",
+        help="most patches per forward pass, from all pending requests (default 16)",
+    )
+    return common
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (exposed for docs and tests)."""
     parser = argparse.ArgumentParser(
@@ -52,8 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     sub = parser.add_subparsers(dest="command", required=True)
+    common = _model_options()
 
-    p = sub.add_parser("predict", help="run a model on GeoTIFFs, write GeoTIFFs")
+    p = sub.add_parser("predict", parents=[common], help="run a model on GeoTIFFs, write GeoTIFFs")
     p.add_argument("inputs", nargs="+", metavar="IN", help="input GeoTIFF(s)")
     p.add_argument(
         "-o",
@@ -62,13 +93,6 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="OUT",
         help="output file (one input) or directory (several inputs)",
     )
-    p.add_argument(
-        "-m",
-        "--model",
-        default=DEFAULT_MODEL,
-        help=f"registered model name (default: {DEFAULT_MODEL}; see `geoserve models`)",
-    )
-    p.add_argument("--weights", metavar="FILE", help="local weights file for the model")
     p.add_argument("--patch-size", type=_positive, metavar="N", help="patch size in pixels")
     p.add_argument("--stride", type=_positive, metavar="N", help="step between patches")
     p.add_argument("--blend", choices=BLEND_MODES, help="how overlapping patches combine")
@@ -82,21 +106,6 @@ def build_parser() -> argparse.ArgumentParser:
         "--output-kind",
         choices=OUTPUT_KINDS,
         help="classes, probabilities or raw (default: the model's own)",
-    )
-    p.add_argument("--device", default="cpu", help="torch device (cpu, cuda, cuda:1)")
-    p.add_argument("--dtype", help="autocast dtype on the device: bf16 or fp16")
-    p.add_argument(
-        "--threads",
-        type=_positive,
-        metavar="N",
-        help="torch CPU threads for the model (default: torch's choice)",
-    )
-    p.add_argument(
-        "--batch-size",
-        type=_positive,
-        default=16,
-        metavar="N",
-        help="most patches per forward pass (default 16)",
     )
     p.add_argument(
         "--time-series",
@@ -142,28 +151,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS
     )
 
-    s = sub.add_parser("serve", help="serve a model over HTTP (needs geoserve[server])")
-    s.add_argument("-m", "--model", default=DEFAULT_MODEL, help="registered model name")
-    s.add_argument("--weights", metavar="FILE", help="local weights file for the model")
+    s = sub.add_parser(
+        "serve", parents=[common], help="serve a model over HTTP (needs geoserve[server])"
+    )
     s.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1)")
     s.add_argument("--port", type=int, default=8000, help="TCP port (default 8000)")
-    s.add_argument("--device", default="cpu", help="torch device")
-    s.add_argument("--dtype", help="autocast dtype on the device: bf16 or fp16")
-    s.add_argument(
-        "--threads",
-        type=_positive,
-        metavar="N",
-        help="torch CPU threads for the model (default: torch's choice)",
-    )
-    s.add_argument(
-        "--batch-size",
-        "--max-batch-patches",
-        dest="max_batch_patches",
-        type=_positive,
-        default=16,
-        metavar="N",
-        help="most patches per forward pass",
-    )
     s.add_argument(
         "--max-wait-ms",
         type=float,
@@ -491,6 +483,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
     fields = set(ServerSettings.model_fields)
     values = {k: v for k, v in vars(args).items() if k in fields and v is not None}
+    values["max_batch_patches"] = args.batch_size
     if values.get("api_key") is None:
         values.pop("api_key", None)
     try:
