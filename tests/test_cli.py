@@ -147,7 +147,7 @@ def test_default_model_progress_lines_and_quicklook(tmp_path):
     from PIL import Image
 
     img = np.asarray(Image.open(png).convert("RGB"), dtype=np.float32)
-    assert img.shape == (620, 1200, 3)
+    assert img.shape == (400, 1200, 3)  # two 1536 x 768 panels, 12 x 4 inches at 100 dpi
     assert img.std() > 20  # not blank
     quiet = run("predict", str(LAKE), "-o", str(tmp_path / "q.tif"), "-q")
     assert quiet.returncode == 0

@@ -99,7 +99,8 @@ def render_quicklook(
         )
         colormap = out.colormap(1) if is_classes and out.dtypes[0] == "uint8" else None
         label = out.descriptions[0] or "band 1"
-    fig, axes = plt.subplots(1, 2, figsize=(12, 6.2), dpi=100)
+    aspect = rgb.shape[0] / rgb.shape[1]  # the two panels share the input's shape
+    fig, axes = plt.subplots(1, 2, figsize=(12, min(12.0, max(3.0, 6 * aspect)) + 1.0), dpi=100)
     axes[0].imshow(rgb, interpolation="nearest")
     axes[0].set_title(f"input (true colour): {Path(input_path).name}", fontsize=9)
     if is_classes:
