@@ -120,8 +120,9 @@ def test_mae_reconstruction_matches(ref, tmp_path, layout):
     assert close(got, expected)
 
 
-def reference_segmentation(ref, frames: int):
-    """TerraTorch's fine-tune pipeline: encoder, neck, UperNet, head (PixelWiseModel.forward)."""
+def reference_pipeline(ref, frames: int, decoder: str = "upernet"):
+    """TerraTorch's fine-tune pipeline (PixelWiseModel.forward): encoder, pyramid neck, UperNet
+    (3 classes) or smp-0.5 UNet (5 classes), head; random live weights."""
     enc = ref.mae.PrithviViT(
         patch_size=(1, 16, 16),
         num_frames=frames,
@@ -131,12 +132,16 @@ def reference_segmentation(ref, frames: int):
     )
     channels = [SMALL["embed_dim"] * frames] * 4
     neck = ref.necks.LearnedInterpolateToPyramidal(channels)
-    dec = ref.upernet.UperNetDecoder(neck.process_channel_list(channels), channels=32)
-    head = ref.heads.SegmentationHead(32, num_classes=3, dropout=0.1)
+    levels = neck.process_channel_list(channels)
+    if decoder == "upernet":
+        dec = ref.upernet.UperNetDecoder(levels, channels=32)
+        head = ref.heads.SegmentationHead(32, num_classes=3, dropout=0.1)
+    else:
+        dec = ref.unet.UNetDecoder(levels, [32, 16, 8, 4])
+        head = ref.heads.SegmentationHead(4, num_classes=5, dropout=0.1)
     modules = torch.nn.ModuleDict({"encoder": enc, "neck": neck, "decoder": dec, "head": head})
     _randomize(modules)
     modules.eval()
-    indices = (0, 1, 2, 3)
 
     def forward(x, **kw):
         size = x.shape[-2:]
@@ -145,7 +150,7 @@ def reference_segmentation(ref, frames: int):
         gh, gw = x.shape[-2] // 16, x.shape[-1] // 16
         maps = [
             rearrange(feats[i][:, 1:], "b (t h w) e -> b (t e) h w", t=frames, h=gh, w=gw)
-            for i in indices
+            for i in (0, 1, 2, 3)
         ]
         out = head(dec(neck(maps)))
         out = torch.nn.functional.interpolate(out, size=x.shape[-2:], mode="bilinear")
@@ -169,7 +174,7 @@ def lightning_state(modules, timm_wrapped: bool) -> dict:
 @pytest.mark.parametrize("size", [224, 200])
 @pytest.mark.parametrize("timm_wrapped", [False, True])
 def test_segmentation_logits_match(ref, tmp_path, frames, size, timm_wrapped):
-    modules, forward = reference_segmentation(ref, frames)
+    modules, forward = reference_pipeline(ref, frames)
     path = tmp_path / "finetune.ckpt"
     torch.save(lightning_state(modules, timm_wrapped), path)
     ours = load_checkpoint(path, config={"num_heads": 4, "feature_indices": (0, 1, 2, 3)})
@@ -183,42 +188,9 @@ def test_segmentation_logits_match(ref, tmp_path, frames, size, timm_wrapped):
     assert close(got, expected)
 
 
-def reference_unet(ref, frames: int, channels=(32, 16, 8, 4), classes: int = 5):
-    """TerraTorch's burn-scar/crop pipeline: encoder, pyramid neck, smp-0.5 UNet, head."""
-    enc = ref.mae.PrithviViT(
-        patch_size=(1, 16, 16),
-        num_frames=frames,
-        coords_encoding=["time", "location"],
-        coords_scale_learn=True,
-        **SMALL,
-    )
-    c = [SMALL["embed_dim"] * frames] * 4
-    neck = ref.necks.LearnedInterpolateToPyramidal(c)
-    dec = ref.unet.UNetDecoder(neck.process_channel_list(c), list(channels))
-    head = ref.heads.SegmentationHead(channels[-1], num_classes=classes, dropout=0.1)
-    modules = torch.nn.ModuleDict({"encoder": enc, "neck": neck, "decoder": dec, "head": head})
-    _randomize(modules)
-    modules.eval()
-
-    def forward(x, **kw):
-        size = x.shape[-2:]
-        x = ref.utils.pad_images(x, (1, 16, 16), "reflect")
-        feats = enc.forward_features(x, **kw)
-        gh, gw = x.shape[-2] // 16, x.shape[-1] // 16
-        maps = [
-            rearrange(feats[i][:, 1:], "b (t h w) e -> b (t e) h w", t=frames, h=gh, w=gw)
-            for i in (0, 1, 2, 3)
-        ]
-        out = head(dec(neck(maps)))
-        out = torch.nn.functional.interpolate(out, size=x.shape[-2:], mode="bilinear")
-        return ref.utils.center_crop(out, size)
-
-    return modules, forward
-
-
 @pytest.mark.parametrize(("frames", "size"), [(1, 512), (3, 224), (3, 200)])
 def test_unet_logits_match(ref, tmp_path, frames, size):
-    modules, forward = reference_unet(ref, frames)
+    modules, forward = reference_pipeline(ref, frames, decoder="unet")
     state = {}
     for k, v in modules.state_dict().items():
         if k.startswith("neck."):
