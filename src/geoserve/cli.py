@@ -142,6 +142,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="GPUs per Ray actor (default 0; 1 = one engine per GPU)",
     )
     p.add_argument(
+        "--cog",
+        action="store_true",
+        help="write Cloud-Optimized GeoTIFFs (internal overviews, ready for range reads)",
+    )
+    p.add_argument(
         "--quicklook",
         metavar="PNG",
         help="also draw input and prediction side by side (a directory for several inputs)",
@@ -321,6 +326,7 @@ def _cmd_predict_ray(args: argparse.Namespace) -> int:
         bands=args.bands,
         output_kind=args.output_kind,
         max_batch_patches=args.batch_size,
+        cog=args.cog,
     )
     if not args.quiet:
         for result in summary.results:
@@ -334,7 +340,6 @@ def _cmd_predict(args: argparse.Namespace) -> int:
     if args.ray:
         return _cmd_predict_ray(args)
     from geoserve.engine import Engine
-    from geoserve.engine.delivery import output_paths
 
     engine = Engine(
         args.model,
@@ -347,7 +352,15 @@ def _cmd_predict(args: argparse.Namespace) -> int:
         bands=args.bands,
         output_kind=args.output_kind,
         max_batch_patches=args.batch_size,
+        cog=args.cog,
     )
+    with engine:  # Ctrl-C closes it: unfinished outputs are removed, never left partial
+        return _predict_all(engine, args)
+
+
+def _predict_all(engine: Any, args: argparse.Namespace) -> int:
+    from geoserve.engine.delivery import output_paths
+
     out = Path(args.output)
     items: list[Any] = [list(args.inputs)] if args.time_series else list(args.inputs)
     if len(items) == 1:

@@ -38,11 +38,13 @@ def test_failed_write_leaves_no_partial_file(tmp_path, monkeypatch):
     target = tmp_path / "o.tif"
     target.write_bytes(b"previous result")
 
-    def broken(dst, out):
-        dst.write(out.data)
+    real_flush = write_mod.RowWriter._flush
+
+    def broken(self, stop):
+        real_flush(self, stop)
         raise RasterioError("disk full (simulated)")
 
-    monkeypatch.setattr(write_mod, "_write", broken)
+    monkeypatch.setattr(write_mod.RowWriter, "_flush", broken)
     out = OutputRaster(np.zeros((1, 64, 64), dtype=np.uint8))
     with pytest.raises(OutputWriteError, match=r"o\.tif: cannot write output.*disk full"):
         write_geotiff(target, out, PROFILE)

@@ -2,9 +2,10 @@
 
 Each :meth:`Engine.step` fills one batch with up to ``max_batch_patches`` patches taken from the
 pending requests in arrival order (a request's patches are read one grid row at a time, when
-needed), runs one forward pass, and routes every output patch to its request's canvas. A request
-finishes when its last patch is stitched: its output processor turns the canvas into a raster,
-which is written or encoded as the request asked.
+needed), runs one forward pass, and routes every output patch to its request's canvas. As soon as
+a band of output rows is final, the output processor turns it into output values on the writer
+thread and the request's sink writes it (streaming: memory follows the scene's width, not its
+area). A request finishes when its last row is written and its output committed.
 
 Failures stay with their request: a bad input fails only that request; a forward pass that
 raises fails only the requests with patches in that batch; the engine keeps serving.
@@ -29,7 +30,7 @@ import torch
 from einops import rearrange
 from numpy.typing import NDArray
 
-from geoserve.engine.delivery import deliver, output_paths
+from geoserve.engine.delivery import ArraySink, OutputSink, make_sink, output_paths
 from geoserve.engine.model_loader import build_model, resolve_model
 from geoserve.engine.request import Patch, Request
 from geoserve.errors import (
@@ -42,8 +43,10 @@ from geoserve.errors import (
     ProcessorMismatchError,
 )
 from geoserve.processors.base import InputProcessor, OutputProcessor
+from geoserve.processors.canvas import RowBand
 from geoserve.processors.patcher import GeoTiffPatcher
 from geoserve.raster.source import DataFormat, RasterArray, RasterLike, open_raster
+from geoserve.raster.write import OutputRaster
 from geoserve.registry import ModelSpec
 from geoserve.schemas import (
     OUT_FORMATS,
@@ -55,6 +58,9 @@ from geoserve.schemas import (
 logger = logging.getLogger(__name__)
 
 ImageInput = RasterLike | Sequence[RasterLike]
+
+#: Output bands a request may have queued on the writer before the model loop waits for it.
+MAX_PENDING_WRITES = 4
 ProgressCallback = Callable[[int, int], None]
 
 
@@ -75,6 +81,10 @@ class Engine:
             model runs.
         cross_request_batching: Fill batches from several requests (on by default); off, a
             batch holds one request's patches only (the baseline the server benchmark uses).
+        streaming: Hand each band of finished output rows to the writer as soon as it is final
+            (on by default). Off, a request's whole output is held until its last patch, as the
+            peer tools do; the numbers are identical, only memory differs.
+        cog: Write ``path`` and encoded outputs as Cloud-Optimized GeoTIFFs.
 
     Raises:
         UnknownModelError, ProcessorMismatchError, ConfigError, WeightsError: at start-up.
@@ -97,6 +107,8 @@ class Engine:
         warmup: bool = True,
         prefetch: bool = True,
         cross_request_batching: bool = True,
+        streaming: bool = True,
+        cog: bool = False,
     ) -> None:
         self.spec, in_proc, out_proc = resolve_model(model)
         if not isinstance(max_batch_patches, int) or max_batch_patches < 1:
@@ -105,6 +117,8 @@ class Engine:
             )
         self.max_batch_patches = max_batch_patches
         self.cross_request_batching = cross_request_batching
+        self.streaming = streaming
+        self.cog = cog
         self.in_proc = in_proc.replace(
             patch_size=patch_size,
             stride=stride,
@@ -122,6 +136,8 @@ class Engine:
         self._reader = (
             ThreadPoolExecutor(1, thread_name_prefix="geoserve-read") if prefetch else None
         )
+        # one writer thread turns finished rows into output values and writes them, in order
+        self._writer = ThreadPoolExecutor(1, thread_name_prefix="geoserve-write")
         self._failed: list[ImageRequestOutput | TensorRequestOutput] = []
         if warmup:
             self._warmup()
@@ -152,6 +168,7 @@ class Engine:
         if self._reader is not None:
             self._reader.shutdown(wait=True)
             self._reader = None
+        self._writer.shutdown(wait=True)
 
     def __enter__(self) -> Engine:
         return self
@@ -196,6 +213,22 @@ class Engine:
                     f"{', '.join(map(str, wanted))} (override with bands= / --bands)"
                 ) from exc
             raise
+        grid = ctx.grid
+        try:
+            sink: OutputSink
+            if tensor_shape is not None:
+                sink = ArraySink(grid.height, grid.width)
+            else:
+                path = None
+                if out_format == "path":
+                    path = output_path or self.output_dir / f"{request_id}.tif"
+                sink = make_sink(
+                    out_format, path, ctx.profile, grid.height, grid.width, cog=self.cog
+                )
+        except BaseException:
+            for src in sources:
+                src.close()
+            raise
         return Request(
             request_id,
             sources,
@@ -205,6 +238,7 @@ class Engine:
             out_format,
             output_path,
             tensor_shape=tensor_shape,
+            sink=sink,
             reader=self._reader,
             priority=priority,
         )
@@ -340,6 +374,9 @@ class Engine:
         self.last_batch_size = len(batch)
         if batch:
             self._run_batch(batch)
+        for req in list(self._active):
+            if req.error is None:
+                self._emit(req)
         done: list[ImageRequestOutput | TensorRequestOutput] = self._failed
         self._failed = []
         for req in list(self._active):
@@ -347,6 +384,38 @@ class Engine:
                 self._active.remove(req)
                 done.append(self._finish(req))
         return done
+
+    # -- output rows -------------------------------------------------------------------------
+
+    def _emit(self, req: Request) -> None:
+        """Queue the request's newly final output rows on the writer thread."""
+        channels = req.out_channels or self.out_proc.out_channels or 1
+        min_rows = 1 if self.streaming else req.ctx.grid.height
+        band = req.canvas.take_finished(channels, min_rows=min_rows)
+        if band is not None:
+            req.writes.append(self._writer.submit(self._write_band, req, band))
+        try:
+            while req.writes and (req.writes[0].done() or len(req.writes) > MAX_PENDING_WRITES):
+                req.writes.popleft().result()  # back-pressure, and the writer's errors
+        except GeoServeError as exc:
+            self._fail(req, exc)
+        except Exception as exc:
+            logger.exception("writing request %s failed", req.request_id)
+            self._fail(req, _output_failed(req, exc))
+
+    @staticmethod
+    def _write_band(req: Request, band: RowBand) -> None:
+        """Turn one band of blended rows into output values and write them (writer thread)."""
+        assert req.sink is not None
+        t0 = time.perf_counter()
+        if req.tensor_shape is not None:
+            raster = OutputRaster(band.data)
+        else:
+            raster = req.out_proc.finalize(band.data, band.valid, req.ctx)
+        t1 = time.perf_counter()
+        req.sink.write(band.row, raster)
+        req.timings.stitch += t1 - t0
+        req.timings.write += time.perf_counter() - t1
 
     def _run_batch(self, batch: list[Patch]) -> None:
         t0 = time.perf_counter()
@@ -431,34 +500,27 @@ class Engine:
     # -- finishing ---------------------------------------------------------------------------
 
     def _finish(self, req: Request) -> ImageRequestOutput | TensorRequestOutput:
+        out_cls = TensorRequestOutput if req.tensor_shape is not None else ImageRequestOutput
         try:
-            channels = req.out_channels or self.out_proc.out_channels or 1
-            blended = req.canvas.result(channels)
+            while req.writes:
+                req.writes.popleft().result()
+            assert req.sink is not None
+            t0 = time.perf_counter()
+            output = req.sink.commit(req.out_format)
+            req.timings.write += time.perf_counter() - t0
             if req.tensor_shape is not None:
                 return TensorRequestOutput(
-                    req.request_id,
-                    True,
-                    torch.from_numpy(blended),
-                    None,
-                    req.num_patches,
-                    req.timings,
+                    req.request_id, True, output.tensor, None, req.num_patches, req.timings
                 )
-            t0 = time.perf_counter()
-            raster = req.out_proc.finalize(blended, req.canvas.valid, req.ctx)
-            req.timings.stitch += time.perf_counter() - t0
-            t1 = time.perf_counter()
-            path = req.output_path or self.output_dir / f"{req.request_id}.tif"
-            output = deliver(raster, req.ctx.profile, req.out_format, path)
-            req.timings.write += time.perf_counter() - t1
             return ImageRequestOutput(
                 req.request_id, True, output, None, req.num_patches, req.timings
             )
         except GeoServeError as exc:
-            return ImageRequestOutput(req.request_id, True, None, exc, req.num_patches, req.timings)
+            return out_cls(req.request_id, True, None, exc, req.num_patches, req.timings)
         except Exception as exc:  # a bug in an output processor: fail this request, not the loop
             logger.exception("finishing request %s failed", req.request_id)
-            err = GeoServeError(f"{req.ctx.names[0]}: output processing failed: {exc!r}")
-            return ImageRequestOutput(req.request_id, True, None, err, req.num_patches, req.timings)
+            err = _output_failed(req, exc)
+            return out_cls(req.request_id, True, None, err, req.num_patches, req.timings)
         finally:
             req.close()
 
@@ -584,6 +646,10 @@ class Engine:
             return rid
         self._active.append(req)
         return rid
+
+
+def _output_failed(req: Request, exc: BaseException) -> GeoServeError:
+    return GeoServeError(f"{req.ctx.names[0]}: output processing failed: {exc!r}")
 
 
 def _resolve_dtype(dtype: torch.dtype | str | None) -> torch.dtype | None:

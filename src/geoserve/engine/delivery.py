@@ -1,43 +1,138 @@
-"""Handing a finished output raster over in the form the request asked for, and naming files.
+"""Where a request's finished output rows go, in the form the request asked for.
 
-``path`` writes a GeoTIFF atomically; ``tensor`` returns the (bands, H, W) array as a torch
-tensor; ``b64`` and ``bytes`` encode the GeoTIFF in memory.
+The engine hands each band of finished rows to the request's :class:`OutputSink` as soon as the
+rows are final (see :mod:`geoserve.processors.canvas`), so a scene never has to fit in memory.
+``path`` streams into a tiled GeoTIFF under a temporary name, renamed into place only when the
+last row is in; ``b64`` and ``bytes`` stream into an in-memory GeoTIFF; ``tensor`` fills one
+array. :meth:`OutputSink.abort` (a failed or cancelled request) leaves nothing behind.
 """
 
 from __future__ import annotations
 
 import base64
 import os
+from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+from numpy.typing import NDArray
 
-from geoserve.raster.write import OutputRaster, geotiff_bytes, write_geotiff
+from geoserve.raster.write import OutputRaster, RowWriter
 from geoserve.schemas import ImageOutput, OutFormat
 
 
-def deliver(
-    raster: OutputRaster, profile: Mapping[str, Any], out_format: OutFormat, path: Path
-) -> ImageOutput:
-    """Package ``raster`` as ``out_format`` (``path`` is used only for ``"path"``).
+class OutputSink(ABC):
+    """Receives one request's output rows top to bottom, then commits or aborts."""
+
+    def __init__(self, height: int, width: int) -> None:
+        self.height, self.width = height, width
+        self.meta: OutputRaster | None = None
+
+    def write(self, row: int, out: OutputRaster) -> None:
+        """Take output rows starting at image row ``row``."""
+        if self.meta is None:
+            self.meta = out
+        self._write(row, out)
+
+    @abstractmethod
+    def _write(self, row: int, out: OutputRaster) -> None: ...
+
+    @abstractmethod
+    def commit(self, out_format: OutFormat) -> ImageOutput:
+        """Finish the output once every row is in.
+
+        Raises:
+            OutputWriteError: the output cannot be finished.
+        """
+
+    def abort(self) -> None:  # noqa: B027 - nothing to release by default
+        """Drop what was written (failed or cancelled request)."""
+
+    def _described(self, out_format: OutFormat) -> ImageOutput:
+        assert self.meta is not None
+        count, dtype = self.meta.data.shape[0], str(self.meta.data.dtype)
+        return ImageOutput(out_format, self.width, self.height, count, dtype)
+
+
+class GeoTiffSink(OutputSink):
+    """Streams rows into a GeoTIFF file (``path``) or in-memory GeoTIFF (``b64``/``bytes``)."""
+
+    def __init__(
+        self,
+        path: Path | None,
+        profile: Mapping[str, Any],
+        height: int,
+        width: int,
+        *,
+        cog: bool = False,
+    ) -> None:
+        super().__init__(height, width)
+        self.writer = RowWriter(path, profile, height, width, cog=cog)
+
+    def _write(self, row: int, out: OutputRaster) -> None:
+        self.writer.write(row, out)
+
+    def commit(self, out_format: OutFormat) -> ImageOutput:
+        """Rename the file into place, or encode the bytes."""
+        result = self.writer.commit()
+        out = self._described(out_format)
+        if isinstance(result, Path):
+            out.path = result
+        elif out_format == "b64":
+            out.b64 = base64.b64encode(result).decode("ascii")
+        else:
+            out.data = result
+        return out
+
+    def abort(self) -> None:
+        """Remove the temporary file."""
+        self.writer.abort()
+
+
+class ArraySink(OutputSink):
+    """Collects rows into one (bands, H, W) array: tensor outputs must be whole in memory."""
+
+    def __init__(self, height: int, width: int) -> None:
+        super().__init__(height, width)
+        self.array: NDArray[Any] | None = None
+
+    def _write(self, row: int, out: OutputRaster) -> None:
+        if self.array is None:
+            self.array = np.empty((out.data.shape[0], self.height, self.width), out.data.dtype)
+        self.array[:, row : row + out.data.shape[1]] = out.data
+
+    def commit(self, out_format: OutFormat) -> ImageOutput:
+        """The array as a tensor."""
+        assert self.array is not None
+        out = self._described(out_format)
+        out.tensor = torch.from_numpy(self.array)
+        return out
+
+    def abort(self) -> None:
+        """Drop the array."""
+        self.array = None
+
+
+def make_sink(
+    out_format: OutFormat,
+    path: Path | None,
+    profile: Mapping[str, Any],
+    height: int,
+    width: int,
+    *,
+    cog: bool = False,
+) -> OutputSink:
+    """The sink for ``out_format`` (``path`` is used only for ``"path"``).
 
     Raises:
-        OutputWriteError: the file cannot be written.
+        OutputWriteError: the output directory does not exist.
     """
-    count, height, width = raster.data.shape
-    out = ImageOutput(out_format, width, height, count, str(raster.data.dtype))
-    if out_format == "path":
-        out.path = write_geotiff(path, raster, profile)
-    elif out_format == "tensor":
-        out.tensor = torch.from_numpy(np.ascontiguousarray(raster.data))
-    elif out_format == "b64":
-        out.b64 = base64.b64encode(geotiff_bytes(raster, profile)).decode("ascii")
-    else:
-        out.data = geotiff_bytes(raster, profile)
-    return out
+    if out_format == "tensor":
+        return ArraySink(height, width)
+    return GeoTiffSink(path if out_format == "path" else None, profile, height, width, cog=cog)
 
 
 def output_paths(items: Sequence[Any], directory: str | os.PathLike[str]) -> list[Path]:

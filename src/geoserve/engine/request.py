@@ -1,4 +1,4 @@
-"""One request's state inside the engine: its inputs, plan, queued patches and canvas.
+"""One request's state inside the engine: its inputs, plan, queued patches, canvas and sink.
 
 Everything per request lives here (and in its frozen :class:`RasterContext`), never on a
 processor, so one processor instance serves any number of concurrent requests.
@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from geoserve.engine.delivery import OutputSink
 from geoserve.errors import GeoServeError
 from geoserve.processors.base import InputProcessor, OutputProcessor, PatchRow, RasterContext
 from geoserve.processors.canvas import Canvas
@@ -52,6 +53,8 @@ class Request:
     output_path: Path | None = None
     tensor_shape: tuple[int, ...] | None = None
     canvas: Canvas = field(init=False)
+    sink: OutputSink | None = None
+    writes: deque[Future[None]] = field(default_factory=deque)
     timings: StageTimings = field(default_factory=StageTimings)
     queue: deque[Patch] = field(default_factory=deque)
     next_row: int = 0
@@ -109,7 +112,7 @@ class Request:
                 self._prefetch = None
             else:
                 row = self.in_proc.read_row(self.sources, self.ctx, self.next_row)
-            self.canvas.set_valid(row.row, row.core_valid)
+            self.canvas.expect(row.row, len(row.cols), row.core_valid)
             self.next_row += 1
             if self.reader is not None and self.rows_left:
                 # read the next row while the model works on this one (GDAL drops the GIL);
@@ -131,12 +134,22 @@ class Request:
         return self.queue.popleft()
 
     def close(self) -> None:
-        """Release inputs and queued patches (after any read in progress has stopped)."""
+        """Release inputs, queued patches and any unfinished output.
+
+        Waits for a read or write in progress to stop first; a committed output stays.
+        """
         if self._prefetch is not None:
             self._prefetch.cancel()
             with contextlib.suppress(Exception):
                 self._prefetch.result()
             self._prefetch = None
+        while self.writes:
+            fut = self.writes.popleft()
+            fut.cancel()
+            with contextlib.suppress(Exception):
+                fut.result()
+        if self.sink is not None:
+            self.sink.abort()
         for src in self.sources:
             src.close()
         self.queue.clear()

@@ -47,8 +47,9 @@ class RasterContext:
         bands: 0-based indices of the bands fed to the model.
         band_names: Their descriptions (or ``band_<n>``), for output band descriptions.
         profile: The first input's rasterio profile: the output grid is copied from it.
-        has_nodata: Whether the input declares a nodata value (the output then declares one
-            too; it also does when NaN pixels turn up while reading).
+        has_nodata: Whether the output declares a nodata value: the input declares one, or
+            its float bands may hold NaN. Decided before any pixel is read, so every band of
+            output rows carries the same metadata however the scene is streamed.
         model_kwargs: Extra per-request model arguments as arrays without the batch axis
             (``temporal_coords`` (T, 2), ``location_coords`` (2,)); empty for most models.
     """
@@ -138,7 +139,9 @@ class OutputProcessor(ABC, Configurable):
         """Turn the blended (C, H, W) output into the output raster.
 
         ``valid`` is the (H, W) mask of valid input pixels, or ``None`` when all are valid;
-        invalid pixels must get the output's nodata value.
+        invalid pixels must get the output's nodata value. With streaming, ``blended`` is one
+        band of finished rows (H is the band's height), so the result must be per pixel and
+        its metadata must depend on ``ctx`` only, never on the band's values.
         """
 
     @abstractmethod

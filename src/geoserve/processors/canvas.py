@@ -1,12 +1,22 @@
-"""Stitching output patches back into one image (the per-request accumulator).
+"""Stitching output patches back into one image, a band of rows at a time.
 
 A :class:`Canvas` belongs to one request. It places each output patch at its grid position,
 crops whatever lies outside the image, and combines overlaps as the grid's blend mode says:
 ``center`` and ``none`` copy each patch's core (exact, no arithmetic), ``mean`` and ``cosine``
-accumulate weighted sums in float32 and divide by the summed weights at the end.
+accumulate weighted sums in float32 and divide by the summed weights.
+
+Why rows: the canvas only holds the image rows that some unfinished patch row can still write
+to. Once grid rows ``0 .. k-1`` are complete (every patch stitched or skipped), no later patch
+touches image rows above ``k*S`` (exact modes) or ``k*S - m`` (blending modes), so those rows are
+final: :meth:`Canvas.take_finished` hands them out and drops them. Memory therefore grows with
+the image width times a few patch heights, never with the scene's area, and the output can be
+written while the model is still running. Taking everything at the end instead gives the same
+numbers bit for bit (the same sums in the same order); that is the in-memory mode.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import NDArray
@@ -14,67 +24,172 @@ from numpy.typing import NDArray
 from geoserve.raster.grid import PatchGrid
 
 
+@dataclass(frozen=True)
+class RowBand:
+    """Finished output rows ``[row, row + data.shape[1])``.
+
+    Attributes:
+        row: First image row of the band.
+        data: Blended (C, rows, W) float32 output.
+        valid: (rows, W) mask of valid input pixels, or ``None`` when all are valid.
+    """
+
+    row: int
+    data: NDArray[np.float32]
+    valid: NDArray[np.bool_] | None
+
+
 class Canvas:
-    """Accumulates one request's output patches; see the module docstring."""
+    """Accumulates one request's output patches over its open rows; see the module docstring."""
 
     def __init__(self, grid: PatchGrid) -> None:
         self.grid = grid
-        self._acc: NDArray[np.float32] | None = None
-        self._wsum: NDArray[np.float32] | None = None
-        self._valid: NDArray[np.bool_] | None = None
         self._exact = grid.blend in ("center", "none")
+        self._top = 0  # image row held in buffer row 0 (every row above it has been taken)
+        self._acc: NDArray[np.float32] | None = None  # (C, rows held, W)
+        self._wsum: NDArray[np.float32] | None = None  # (rows held, W), blending modes only
+        self._valid: NDArray[np.bool_] | None = None  # (rows held, W), once any pixel is invalid
+        self._pending: dict[int, int] = {}  # grid row -> patches not yet stitched
+        self._complete = 0  # grid rows 0 .. _complete-1 are complete
 
-    def _alloc(self, channels: int) -> NDArray[np.float32]:
+    # -- buffer ----------------------------------------------------------------------------
+
+    @property
+    def rows_held(self) -> int:
+        """Image rows currently held in memory (for tests and metrics)."""
+        return 0 if self._acc is None else self._acc.shape[1]
+
+    def _ensure(self, channels: int, stop: int) -> NDArray[np.float32]:
+        """Make the buffer hold image rows ``[_top, stop)``; grows by whole patch heights."""
         g = self.grid
-        self._acc = np.zeros((channels, g.height, g.width), dtype=np.float32)
+        need = min(stop, g.height) - self._top
+        if self._acc is not None and self._acc.shape[1] >= need:
+            return self._acc
+        held = self.rows_held
+        cap = min(g.height - self._top, max(need, held + g.patch_size))
+        acc = np.zeros((channels, cap, g.width), dtype=np.float32)
+        if self._acc is not None:
+            acc[:, :held] = self._acc
+        self._acc = acc
         if not self._exact:
-            self._wsum = np.zeros((g.height, g.width), dtype=np.float32)
-        return self._acc
+            wsum = np.zeros((cap, g.width), dtype=np.float32)
+            if self._wsum is not None:
+                wsum[:held] = self._wsum
+            self._wsum = wsum
+        if self._valid is not None:
+            self._valid_grow(self._top + cap)
+        return acc
+
+    # -- input side ------------------------------------------------------------------------
+
+    def expect(self, row: int, patches: int, core_valid: NDArray[np.bool_] | None) -> None:
+        """Announce grid row ``row``: how many patches it sends, and its input validity.
+
+        ``core_valid`` covers the row's core rows (``None``: all valid).
+        """
+        self._pending[row] = patches
+        if core_valid is not None:
+            g = self.grid
+            core = g.core_window(row, 0)
+            if self._valid is None:
+                self._valid = np.ones((self.rows_held, g.width), dtype=bool)
+            self._valid_grow(core.row_off + core.height)
+            start = core.row_off - self._top
+            self._valid[start : start + core.height] = core_valid
+        self._advance()
+
+    def _valid_grow(self, stop: int) -> None:
+        assert self._valid is not None
+        need = min(stop, self.grid.height) - self._top
+        if self._valid.shape[0] < need:
+            valid = np.ones((need, self.grid.width), dtype=bool)
+            valid[: self._valid.shape[0]] = self._valid
+            self._valid = valid
+
+    # -- output side -----------------------------------------------------------------------
 
     def add(self, row: int, col: int, patch: NDArray[np.float32]) -> None:
         """Place output patch (C, P, P) of grid cell (row, col)."""
         g = self.grid
-        acc = self._acc if self._acc is not None else self._alloc(patch.shape[0])
         r0, c0 = g.origin(row, col)
         if self._exact:
             core = g.core_window(row, col)
+            acc = self._ensure(patch.shape[0], core.row_off + core.height)
             pr, pc = core.row_off - r0, core.col_off - c0
-            acc[
-                :,
-                core.row_off : core.row_off + core.height,
-                core.col_off : core.col_off + core.width,
-            ] = patch[:, pr : pr + core.height, pc : pc + core.width]
-            return
-        assert self._wsum is not None
-        rs, re_ = max(r0, 0), min(r0 + g.patch_size, g.height)
-        cs, ce = max(c0, 0), min(c0 + g.patch_size, g.width)
-        w = g.weights()[rs - r0 : re_ - r0, cs - c0 : ce - c0]
-        acc[:, rs:re_, cs:ce] += patch[:, rs - r0 : re_ - r0, cs - c0 : ce - c0] * w
-        self._wsum[rs:re_, cs:ce] += w
+            top = core.row_off - self._top
+            acc[:, top : top + core.height, core.col_off : core.col_off + core.width] = patch[
+                :, pr : pr + core.height, pc : pc + core.width
+            ]
+        else:
+            rs, re_ = max(r0, 0), min(r0 + g.patch_size, g.height)
+            cs, ce = max(c0, 0), min(c0 + g.patch_size, g.width)
+            acc = self._ensure(patch.shape[0], re_)
+            assert self._wsum is not None
+            w = g.weights()[rs - r0 : re_ - r0, cs - c0 : ce - c0]
+            ts, te = rs - self._top, re_ - self._top
+            acc[:, ts:te, cs:ce] += patch[:, rs - r0 : re_ - r0, cs - c0 : ce - c0] * w
+            self._wsum[ts:te, cs:ce] += w
+        self._pending[row] -= 1
+        self._advance()
 
-    def set_valid(self, row: int, core_valid: NDArray[np.bool_] | None) -> None:
-        """Record the input validity of grid row ``row``'s core rows (None: all valid)."""
-        if core_valid is None:
-            if self._valid is not None:
-                self._set_rows(row, True)
-            return
-        if self._valid is None:
-            self._valid = np.ones((self.grid.height, self.grid.width), dtype=bool)
-        self._set_rows(row, core_valid)
-
-    def _set_rows(self, row: int, value: NDArray[np.bool_] | bool) -> None:
-        assert self._valid is not None
-        core = self.grid.core_window(row, 0)
-        self._valid[core.row_off : core.row_off + core.height] = value
+    def _advance(self) -> None:
+        while self._pending.get(self._complete) == 0:
+            del self._pending[self._complete]
+            self._complete += 1
 
     @property
-    def valid(self) -> NDArray[np.bool_] | None:
-        """(H, W) mask of valid input pixels, or None when every pixel was valid."""
-        return self._valid
+    def complete(self) -> bool:
+        """Whether every grid row is complete."""
+        return self._complete >= self.grid.rows
 
-    def result(self, channels: int) -> NDArray[np.float32]:
-        """The blended (C, H, W) output. Pixels no patch reached (all-nodata) are 0."""
-        acc = self._acc if self._acc is not None else self._alloc(channels)
+    def final_rows(self) -> int:
+        """Image rows ``[0, n)`` that no unfinished patch can change any more."""
+        g = self.grid
+        if self.complete:
+            return g.height
+        limit = self._complete * g.stride - (0 if self._exact else g.margin)
+        return max(0, min(limit, g.height))
+
+    def take_finished(self, channels: int, *, min_rows: int = 1) -> RowBand | None:
+        """Hand out (and forget) the final rows not taken yet.
+
+        Returns ``None`` unless there are at least ``min_rows`` of them or the image is complete.
+
+        ``channels`` sizes the output when no patch was ever added (an all-nodata image).
+        """
+        stop = self.final_rows()
+        n = stop - self._top
+        if n <= 0 or (n < min_rows and not self.complete):
+            return None
+        acc = self._ensure(channels, stop)
+        data = acc[:, :n].copy()
         if self._wsum is not None:
-            np.divide(acc, self._wsum, out=acc, where=self._wsum > 0)
-        return acc
+            np.divide(data, self._wsum[:n], out=data, where=self._wsum[:n] > 0)
+        valid = None
+        if self._valid is not None:
+            self._valid_grow(stop)
+            valid = self._valid[:n].copy()
+        band = RowBand(self._top, data, valid)
+        self._drop(n)
+        return band
+
+    def _drop(self, n: int) -> None:
+        """Forget the first ``n`` held rows, keeping the buffer's capacity for reuse."""
+        assert self._acc is not None
+        held = self._acc.shape[1]
+        for buf, fill in ((self._acc, 0), (self._wsum, 0), (self._valid, True)):
+            if buf is None:
+                continue
+            rows = buf.shape[-2]
+            keep = max(0, rows - n)
+            buf[..., :keep, :] = buf[..., n : n + keep, :].copy()
+            buf[..., keep:, :] = fill
+        self._top += n
+        # the buffer never needs to reach past the image: shrink it near the bottom
+        remaining = self.grid.height - self._top
+        if remaining < held:
+            self._acc = self._acc[:, :remaining]
+            if self._wsum is not None:
+                self._wsum = self._wsum[:remaining]
+        if self._valid is not None and remaining < self._valid.shape[0]:
+            self._valid = self._valid[:remaining]

@@ -152,7 +152,7 @@ class GeoTiffPatcher(InputProcessor):
             bands=tuple(bands),
             band_names=names,
             profile={**first.profile, "nodata": nodata},
-            has_nodata=nodata is not None,
+            has_nodata=nodata is not None or any(np.dtype(i.dtype).kind == "f" for i in infos),
             model_kwargs=kwargs,
         )
 

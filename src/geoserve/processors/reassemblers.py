@@ -83,7 +83,7 @@ class SegmentationReassembler(OutputProcessor):
         ctx: RasterContext,
     ) -> OutputRaster:
         """Argmax, softmax or pass-through of the blended logits; nodata where input is."""
-        masked = valid is not None or ctx.has_nodata
+        masked = ctx.has_nodata
         tags = {"CLASS_NAMES": ",".join(self.classes), "GEOSERVE_OUTPUT": self.kind}
         if self.kind == "classes":
             n = len(self.classes)
@@ -165,7 +165,7 @@ class RawReassembler(OutputProcessor):
             names = ctx.band_names
         else:
             names = tuple(f"band_{i + 1}" for i in range(n))
-        masked = valid is not None or ctx.has_nodata
+        masked = ctx.has_nodata
         values = blended
         for factors, op in ((self.multiply, np.multiply), (self.add, np.add)):
             if factors:

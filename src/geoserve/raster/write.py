@@ -8,8 +8,10 @@ partial file under the requested name. In-memory outputs go through rasterio's `
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,15 +19,20 @@ from typing import Any
 
 import numpy as np
 import rasterio
+import rasterio.shutil
 from affine import Affine
 from numpy.typing import NDArray
-from rasterio.errors import RasterioError
+from rasterio.errors import NotGeoreferencedWarning, RasterioError
 from rasterio.io import MemoryFile
+from rasterio.windows import Window
 
 from geoserve.errors import OutputWriteError
 
 #: Internal tile size of written GeoTIFFs (a multiple of 16, as TIFF tiling requires).
 BLOCK_SIZE = 256
+
+#: Threads GDAL may use to compress tiles while writing.
+WRITE_THREADS = max(1, min(4, os.cpu_count() or 1))
 
 
 @dataclass(frozen=True)
@@ -40,14 +47,22 @@ class OutputRaster:
     categories: Sequence[str] = ()
 
 
-def output_profile(source_profile: Mapping[str, Any], out: OutputRaster) -> dict[str, Any]:
-    """The GeoTIFF profile for ``out``: the source's grid, the output's bands and encoding."""
-    count, height, width = out.data.shape
+def output_profile(
+    source_profile: Mapping[str, Any],
+    out: OutputRaster,
+    height: int | None = None,
+    width: int | None = None,
+) -> dict[str, Any]:
+    """The GeoTIFF profile for ``out``: the source's grid, the output's bands and encoding.
+
+    ``height``/``width`` give the full raster size when ``out`` holds only some of its rows.
+    """
+    count, rows, cols = out.data.shape
     dtype = np.dtype(out.data.dtype)
     profile: dict[str, Any] = {
         "driver": "GTiff",
-        "width": width,
-        "height": height,
+        "width": width or cols,
+        "height": height or rows,
         "count": count,
         "dtype": dtype.name,
         "nodata": out.nodata,
@@ -58,6 +73,7 @@ def output_profile(source_profile: Mapping[str, Any], out: OutputRaster) -> dict
         "predictor": 3 if dtype.kind == "f" else 2,
         "interleave": "band" if count > 1 else "pixel",
         "BIGTIFF": "IF_SAFER",
+        "NUM_THREADS": WRITE_THREADS,
     }
     if source_profile.get("crs") is not None:
         profile["crs"] = source_profile["crs"]
@@ -67,39 +83,189 @@ def output_profile(source_profile: Mapping[str, Any], out: OutputRaster) -> dict
     return profile
 
 
-def _write(dst: Any, out: OutputRaster) -> None:
-    dst.write(out.data)
-    for i, desc in enumerate(out.descriptions, start=1):
-        dst.set_band_description(i, desc)
-    if out.colormap is not None:
-        dst.write_colormap(1, dict(out.colormap))
-    if out.tags:
-        dst.update_tags(**out.tags)
+class RowWriter:
+    """Writes one output raster a band of rows at a time, then commits it whole or not at all.
+
+    Rows must arrive top to bottom. They are buffered up to the next multiple of
+    :data:`BLOCK_SIZE`, so every compressed tile is written exactly once. Files go to a hidden
+    temporary name beside ``path`` and are renamed into place by :meth:`commit`; :meth:`abort`
+    (or a failed commit) removes them, so no partial file is ever left under the requested
+    name. ``path=None`` writes into a rasterio ``MemoryFile`` and :meth:`commit` returns the
+    bytes. ``cog=True`` converts the finished file with GDAL's COG driver (tiles, overviews,
+    header first), the layout range readers such as ``/vsicurl/`` fetch windows from.
+
+    Raises:
+        OutputWriteError: naming the path, from the constructor (missing directory),
+            :meth:`write` or :meth:`commit`.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str] | None,
+        source_profile: Mapping[str, Any],
+        height: int,
+        width: int,
+        *,
+        cog: bool = False,
+    ) -> None:
+        self.path = Path(path) if path is not None else None
+        self.name = str(self.path) if self.path is not None else "<in-memory output>"
+        if self.path is not None and not self.path.parent.is_dir():
+            raise OutputWriteError(
+                f"{self.path}: output directory {self.path.parent} does not exist"
+            )
+        self._source_profile = source_profile
+        self.height, self.width, self.cog = height, width, cog
+        self._tmp: list[Path] = []
+        self._mem: list[MemoryFile] = []
+        self._dst: Any = None
+        self._meta: OutputRaster | None = None
+        self._buffer: list[NDArray[Any]] = []
+        self._buffer_row = 0
+        self._next_row = 0
+        self._done = False
+
+    @property
+    def meta(self) -> OutputRaster | None:
+        """The first band written (its dtype, count and metadata describe the whole raster)."""
+        return self._meta
+
+    def _open(self, out: OutputRaster) -> None:
+        profile = output_profile(self._source_profile, out, self.height, self.width)
+        with warnings.catch_warnings():  # an ungeoreferenced input was already warned about
+            warnings.simplefilter("ignore", NotGeoreferencedWarning)
+            if self.path is not None:
+                self._dst = rasterio.open(self._new_tmp(), "w", **profile)
+            else:
+                mem = MemoryFile()
+                self._mem.append(mem)
+                self._dst = mem.open(**profile)
+        for i, desc in enumerate(out.descriptions, start=1):
+            self._dst.set_band_description(i, desc)
+        if out.colormap is not None:
+            self._dst.write_colormap(1, dict(out.colormap))
+        if out.tags:
+            self._dst.update_tags(**out.tags)
+        self._meta = out
+
+    def _new_tmp(self) -> Path:
+        assert self.path is not None
+        tmp = self.path.with_name(f".{self.path.name}.{uuid.uuid4().hex[:8]}.tmp")
+        self._tmp.append(tmp)
+        return tmp
+
+    def write(self, row: int, out: OutputRaster) -> None:
+        """Write ``out`` (bands, rows, width) as image rows starting at ``row``."""
+        if row != self._next_row:
+            raise ValueError(f"rows must arrive in order: expected row {self._next_row}, got {row}")
+        try:
+            if self._dst is None:
+                self._open(out)
+            self._buffer.append(out.data)
+            self._next_row += out.data.shape[1]
+            aligned = self._next_row - self._next_row % BLOCK_SIZE
+            if self._next_row >= self.height:
+                aligned = self.height
+            if aligned > self._buffer_row:
+                self._flush(aligned)
+        except (RasterioError, OSError) as exc:
+            self.abort()
+            raise OutputWriteError(f"{self.name}: cannot write output ({exc})") from exc
+
+    def _flush(self, stop: int) -> None:
+        data = self._buffer[0] if len(self._buffer) == 1 else np.concatenate(self._buffer, axis=1)
+        n = stop - self._buffer_row
+        self._dst.write(data[:, :n], window=Window(0, self._buffer_row, self.width, n))
+        rest = data[:, n:]
+        self._buffer = [rest] if rest.shape[1] else []
+        self._buffer_row = stop
+
+    def commit(self) -> Path | bytes:
+        """Finish the raster: the output path, or the encoded bytes for in-memory output.
+
+        Raises:
+            OutputWriteError: rows are missing, or the file cannot be finished.
+        """
+        if self._next_row != self.height or self._dst is None:
+            self.abort()
+            raise OutputWriteError(
+                f"{self.name}: only {self._next_row} of {self.height} rows were written"
+            )
+        try:
+            self._dst.close()
+            src_name = self._dst.name
+            if self.cog:
+                src_name = self._to_cog(src_name)
+            if self.path is None:
+                mem = self._mem[-1]  # the last file written: the COG when converting
+                mem.seek(0)
+                return bytes(mem.read())
+            if self._meta is not None and self._meta.categories:
+                _write_categories(self.path, self._meta.categories)
+            os.replace(src_name, self.path)
+            return self.path
+        except (RasterioError, OSError) as exc:
+            raise OutputWriteError(f"{self.name}: cannot write output ({exc})") from exc
+        finally:
+            self._done = True
+            self._cleanup()
+
+    def _to_cog(self, src_name: str) -> str:
+        assert self._meta is not None
+        options = {
+            "COMPRESS": "DEFLATE",
+            "PREDICTOR": "YES",
+            "BLOCKSIZE": 512,
+            "BIGTIFF": "IF_SAFER",
+            "NUM_THREADS": WRITE_THREADS,
+            # class maps must not be averaged into codes that mean nothing
+            "OVERVIEW_RESAMPLING": "AVERAGE" if self._meta.data.dtype.kind == "f" else "NEAREST",
+        }
+        if self.path is not None:
+            dst_name = str(self._new_tmp())
+        else:
+            mem = MemoryFile()
+            self._mem.append(mem)
+            dst_name = mem.name
+        rasterio.shutil.copy(src_name, dst_name, driver="COG", **options)
+        return dst_name
+
+    def abort(self) -> None:
+        """Drop everything written so far; nothing is left on disk. Safe to call twice."""
+        self._done = True
+        if self._dst is not None and not self._dst.closed:
+            with contextlib.suppress(Exception):
+                self._dst.close()
+        self._cleanup()
+
+    def _cleanup(self) -> None:
+        for tmp in self._tmp:
+            tmp.unlink(missing_ok=True)
+        self._tmp.clear()
+        for mem in self._mem:
+            mem.close()
+        self._mem.clear()
+        self._buffer.clear()
 
 
 def write_geotiff(
-    path: str | os.PathLike[str], out: OutputRaster, source_profile: Mapping[str, Any]
+    path: str | os.PathLike[str],
+    out: OutputRaster,
+    source_profile: Mapping[str, Any],
+    *,
+    cog: bool = False,
 ) -> Path:
     """Write ``out`` to ``path`` atomically (temporary file in the same directory, then rename).
 
     Raises:
         OutputWriteError: naming the path, if the directory is missing or the write fails.
     """
-    path = Path(path)
-    if not path.parent.is_dir():
-        raise OutputWriteError(f"{path}: output directory {path.parent} does not exist")
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
-    try:
-        with rasterio.open(tmp, "w", **output_profile(source_profile, out)) as dst:
-            _write(dst, out)
-        if out.categories:
-            _write_categories(path, out.categories)
-        os.replace(tmp, path)
-    except (RasterioError, OSError) as exc:
-        raise OutputWriteError(f"{path}: cannot write output ({exc})") from exc
-    finally:
-        tmp.unlink(missing_ok=True)
-    return path
+    _, height, width = out.data.shape
+    writer = RowWriter(path, source_profile, height, width, cog=cog)
+    writer.write(0, out)
+    result = writer.commit()
+    assert isinstance(result, Path)
+    return result
 
 
 def _write_categories(path: Path, names: Sequence[str]) -> None:
@@ -120,10 +286,13 @@ def _write_categories(path: Path, names: Sequence[str]) -> None:
     os.replace(tmp, sidecar)
 
 
-def geotiff_bytes(out: OutputRaster, source_profile: Mapping[str, Any]) -> bytes:
+def geotiff_bytes(
+    out: OutputRaster, source_profile: Mapping[str, Any], *, cog: bool = False
+) -> bytes:
     """Encode ``out`` as GeoTIFF bytes in memory."""
-    with MemoryFile() as mem:
-        with mem.open(**output_profile(source_profile, out)) as dst:
-            _write(dst, out)
-        mem.seek(0)
-        return bytes(mem.read())
+    _, height, width = out.data.shape
+    writer = RowWriter(None, source_profile, height, width, cog=cog)
+    writer.write(0, out)
+    result = writer.commit()
+    assert isinstance(result, bytes)
+    return result
