@@ -108,3 +108,23 @@ class Slow(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         time.sleep(float(os.environ.get("GEOSERVE_TEST_SLOW", "0.05")))
         return x
+
+
+OOM_ABOVE = 3
+
+
+@MODEL_REGISTRY.register_model("test-oom")
+@INPUT_REGISTRY.register_input_processor(GeoTiffPatcher(patch_size=16, stride=12, blend="mean"))
+@OUTPUT_REGISTRY.register_output_processor(RawReassembler())
+class RunsOutOfMemory(nn.Module):
+    """Doubles its input; raises torch's out-of-memory error above OOM_ABOVE patches."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.batches: list[int] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.batches.append(x.shape[0])
+        if x.shape[0] > OOM_ABOVE:
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        return 2 * x

@@ -67,12 +67,43 @@ def _model_options() -> argparse.ArgumentParser:
         "--batch-size",
         "--max-batch-patches",
         dest="batch_size",
-        type=_positive,
+        type=_batch_size,
         default=16,
         metavar="N",
-        help="most patches per forward pass, from all pending requests (default 16)",
+        help="most patches per forward pass, from all pending requests (default 16); "
+        "'auto' sizes it from free GPU memory",
+    )
+    perf = common.add_argument_group("pipeline and speed (see docs/performance.md)")
+    perf.add_argument(
+        "--compile", action="store_true", help="torch.compile the model (worth it on a GPU)"
+    )
+    perf.add_argument(
+        "--read-workers",
+        type=_positive,
+        metavar="N",
+        help="reader threads, also GDAL's decoding threads (default: cores, at most 4)",
+    )
+    perf.add_argument(
+        "--prefetch-rows",
+        type=int,
+        default=2,
+        metavar="N",
+        help="grid rows each input keeps read ahead of the model (default 2)",
+    )
+    perf.add_argument(
+        "--preprocess",
+        choices=("auto", "host", "device"),
+        default="auto",
+        help="where patches are cast, normalised and cut (default: device on CUDA)",
+    )
+    perf.add_argument(
+        "--cog", action="store_true", help="write Cloud-Optimized GeoTIFFs (tiles + overviews)"
     )
     return common
+
+
+def _batch_size(text: str) -> int | str:
+    return "auto" if text == "auto" else _positive(text)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -140,11 +171,6 @@ def build_parser() -> argparse.ArgumentParser:
         default=0.0,
         metavar="N",
         help="GPUs per Ray actor (default 0; 1 = one engine per GPU)",
-    )
-    p.add_argument(
-        "--cog",
-        action="store_true",
-        help="write Cloud-Optimized GeoTIFFs (internal overviews, ready for range reads)",
     )
     p.add_argument(
         "--quicklook",
@@ -326,6 +352,10 @@ def _cmd_predict_ray(args: argparse.Namespace) -> int:
         bands=args.bands,
         output_kind=args.output_kind,
         max_batch_patches=args.batch_size,
+        compile=args.compile,
+        read_workers=args.read_workers,
+        prefetch_rows=args.prefetch_rows,
+        preprocess=args.preprocess,
         cog=args.cog,
     )
     if not args.quiet:
@@ -352,6 +382,10 @@ def _cmd_predict(args: argparse.Namespace) -> int:
         bands=args.bands,
         output_kind=args.output_kind,
         max_batch_patches=args.batch_size,
+        compile=args.compile,
+        read_workers=args.read_workers,
+        prefetch_rows=args.prefetch_rows,
+        preprocess=args.preprocess,
         cog=args.cog,
     )
     with engine:  # Ctrl-C closes it: unfinished outputs are removed, never left partial

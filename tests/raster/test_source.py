@@ -90,3 +90,25 @@ def test_date_from_tag_and_julian_stamp(make_geotiff):
     q = make_geotiff(name="HLS.S30.T10SEG.2020245T183919.v2.0.tif")
     with open_raster(q) as src:
         assert acquisition_date(src.info) == dt.date(2020, 9, 1)
+
+
+@pytest.mark.parametrize(
+    ("layout", "block"),
+    [({"tiled": True, "blockxsize": 64, "blockysize": 64, "compress": "deflate"}, 64), ({}, None)],
+)
+@pytest.mark.parametrize(("patch", "stride"), [(32, 24), (48, 48), (100, 90)])
+@pytest.mark.filterwarnings("ignore::geoserve.errors.NotGeoreferencedWarning")
+def test_patch_rows_decode_each_block_once(make_geotiff, layout, block, patch, stride):
+    from geoserve import GeoTiffPatcher
+    from geoserve.raster import open_raster as open_
+
+    path = make_geotiff(bands=2, height=333, width=70, **layout)
+    proc = GeoTiffPatcher(patch_size=patch, stride=stride, blend="center")
+    whole = open_(path).read_rows(0, 333, [0, 1])
+    with open_(path, threads=2) as src:
+        ctx = proc.prepare([src])
+        rows = [proc.read_row([src], ctx, r) for r in range(ctx.grid.rows)]
+        assert src.rows_decoded == 333  # every row, and so every block, decoded exactly once
+    uncached = open_raster(RasterArray(whole))
+    for r, row in enumerate(rows):
+        np.testing.assert_array_equal(row.patches, proc.read_row([uncached], ctx, r).patches)

@@ -45,7 +45,13 @@ from geoserve.errors import (
 from geoserve.processors.base import InputProcessor, OutputProcessor
 from geoserve.processors.canvas import RowBand
 from geoserve.processors.patcher import GeoTiffPatcher
-from geoserve.raster.source import DataFormat, RasterArray, RasterLike, open_raster
+from geoserve.raster.source import (
+    DataFormat,
+    RasterArray,
+    RasterLike,
+    default_read_workers,
+    open_raster,
+)
 from geoserve.raster.write import OutputRaster
 from geoserve.registry import ModelSpec
 from geoserve.schemas import (
@@ -58,6 +64,11 @@ from geoserve.schemas import (
 logger = logging.getLogger(__name__)
 
 ImageInput = RasterLike | Sequence[RasterLike]
+
+#: ``max_batch_patches="auto"`` on CPU, where larger batches stop paying off early.
+AUTO_CPU_BATCH = 8
+#: Most patches per batch ``"auto"`` picks on a GPU.
+AUTO_MAX_BATCH = 256
 
 #: Output bands a request may have queued on the writer before the model loop waits for it.
 MAX_PENDING_WRITES = 4
@@ -74,11 +85,23 @@ class Engine:
         dtype: Autocast dtype (``torch.bfloat16``, ``"float16"`` ...); ``None`` runs float32.
         patch_size, stride, blend, bands: Override the input processor's configuration.
         output_kind: ``classes``, ``probabilities`` or ``raw``; default: the model's own.
-        max_batch_patches: Most patches per forward pass, drawn from all pending requests.
+        max_batch_patches: Most patches per forward pass, drawn from all pending requests;
+            ``"auto"`` measures the model's memory per patch at start-up and fills 80 % of the
+            free device memory on CUDA (at most 256), and takes 8 on CPU. A batch that runs
+            out of device memory is split in two and retried, and the limit halved.
+        compile: ``torch.compile`` the model (``True``, or a backend name such as ``"eager"``);
+            batches are then padded to ``max_batch_patches`` so one graph serves them all.
         output_dir: Where ``out_format="path"`` outputs go when no path is given.
         warmup: Run one dummy patch at start-up to check the model against its processors.
-        prefetch: Read each request's next row of patches in a background thread while the
-            model runs.
+        prefetch: Read each request's next rows of patches on a reader pool while the model
+            runs (off: read them when the model needs them).
+        read_workers: Reader threads shared by all requests (requests read in parallel);
+            also the threads GDAL may use to decode one input's tiles. Default: the core
+            count, at most 4.
+        prefetch_rows: Grid rows each request keeps read ahead of the model (default 2).
+        preprocess: Where the cast, normalisation and cutting into patches run: ``host``
+            (numpy, in the reader pool) or ``device`` (torch on the model's device, fed raw
+            uint16 rows). Default ``auto``: ``device`` on CUDA, else ``host``.
         cross_request_batching: Fill batches from several requests (on by default); off, a
             batch holds one request's patches only (the baseline the server benchmark uses).
         streaming: Hand each band of finished output rows to the writer as soon as it is final
@@ -102,20 +125,34 @@ class Engine:
         blend: str | None = None,
         bands: Sequence[int | str] | None = None,
         output_kind: str | None = None,
-        max_batch_patches: int = 16,
+        max_batch_patches: int | str = 16,
+        compile: bool | str = False,
         output_dir: str | Path | None = None,
         warmup: bool = True,
         prefetch: bool = True,
         cross_request_batching: bool = True,
+        read_workers: int | None = None,
+        prefetch_rows: int = 2,
+        preprocess: str = "auto",
         streaming: bool = True,
         cog: bool = False,
     ) -> None:
         self.spec, in_proc, out_proc = resolve_model(model)
-        if not isinstance(max_batch_patches, int) or max_batch_patches < 1:
+        auto_batch = max_batch_patches == "auto"
+        if not auto_batch and (not isinstance(max_batch_patches, int) or max_batch_patches < 1):
             raise ConfigError(
-                f"invalid max_batch_patches: {max_batch_patches!r}; must be a positive integer"
+                f"invalid max_batch_patches: {max_batch_patches!r}; "
+                "must be a positive integer or 'auto'"
             )
-        self.max_batch_patches = max_batch_patches
+        for name, value, least in (
+            ("read_workers", read_workers, 1),
+            ("prefetch_rows", prefetch_rows, 0),
+        ):
+            if value is not None and (not isinstance(value, int) or value < least):
+                raise ConfigError(f"invalid {name}: {value!r}; must be an integer >= {least}")
+        if preprocess not in ("auto", "host", "device"):
+            raise ConfigError(f"invalid preprocess {preprocess!r}; choose auto, host or device")
+        self.max_batch_patches = 1 if auto_batch else cast(int, max_batch_patches)
         self.cross_request_batching = cross_request_batching
         self.streaming = streaming
         self.cog = cog
@@ -130,28 +167,40 @@ class Engine:
         self.dtype = _resolve_dtype(dtype)
         self._output_dir = Path(output_dir) if output_dir is not None else None
         self.model = build_model(self.spec, weights, self.device)
+        self.compiled = bool(compile)
+        if compile:
+            backend = compile if isinstance(compile, str) else "inductor"
+            self.model = cast(torch.nn.Module, torch.compile(self.model, backend=backend))
+        if preprocess == "auto":
+            preprocess = "device" if self.device.type == "cuda" else "host"
+        self.preprocess = preprocess
         self._active: list[Request] = []
         self.last_batch_size = 0
-        # one background thread reads each request's next grid row during forward passes
+        self.read_workers = read_workers or default_read_workers()
+        self.prefetch_rows = prefetch_rows
+        # a pool of reader threads reads every request's next grid rows during forward passes
         self._reader = (
-            ThreadPoolExecutor(1, thread_name_prefix="geoserve-read") if prefetch else None
+            ThreadPoolExecutor(self.read_workers, thread_name_prefix="geoserve-read")
+            if prefetch and prefetch_rows > 0
+            else None
         )
         # one writer thread turns finished rows into output values and writes them, in order
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="geoserve-write")
         self._failed: list[ImageRequestOutput | TensorRequestOutput] = []
-        if warmup:
-            self._warmup()
+        if warmup or auto_batch:
+            probe = self._warmup()
+            if auto_batch:
+                self.max_batch_patches = self._auto_batch(probe)
 
     # -- set-up ------------------------------------------------------------------------------
 
-    def _warmup(self) -> None:
+    def _warmup(self) -> Patch:
         """Run one dummy patch to check the model's output against the output processor."""
         dummy = self.in_proc.dummy_input(seed=0)
         req = self._new_request([dummy] * self.in_proc.num_frames, "warmup", "tensor", None)
         patch = req.pop_patch()
         req.close()
-        if patch is None:  # pragma: no cover - dummy inputs have no nodata
-            return
+        assert patch is not None  # dummy inputs have no nodata
         out = self._forward([patch])
         want = self.out_proc.out_channels
         if want is not None and out.shape[1] != want:
@@ -159,6 +208,23 @@ class Engine:
                 f"model {self.spec.name!r} returns {out.shape[1]} channels but its output "
                 f"processor expects {want}"
             )
+        return patch
+
+    def _auto_batch(self, probe: Patch) -> int:
+        """The batch size for ``max_batch_patches="auto"``; see the class docstring."""
+        if self.device.type != "cuda":
+            return AUTO_CPU_BATCH
+        n = 4
+        torch.cuda.synchronize(self.device)
+        base = torch.cuda.memory_allocated(self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+        self._forward([probe] * n)
+        per_patch = max(1.0, (torch.cuda.max_memory_allocated(self.device) - base) / n)
+        free, _ = torch.cuda.mem_get_info(self.device)
+        fit = int(0.8 * free / per_patch)
+        batch = 1 << max(0, min(fit, AUTO_MAX_BATCH).bit_length() - 1)  # a power of two
+        logger.info("auto batch: %.0f MB per patch, %d patches per batch", per_patch / 1e6, batch)
+        return batch
 
     def close(self) -> None:
         """Drop pending requests, release their inputs and stop the reader thread."""
@@ -201,7 +267,7 @@ class Engine:
         sources = []
         try:
             for item in inputs:
-                sources.append(open_raster(item, data_format))
+                sources.append(open_raster(item, data_format, threads=self.read_workers))
             ctx = proc.prepare(sources)
         except BaseException as exc:
             for src in sources:
@@ -240,6 +306,8 @@ class Engine:
             tensor_shape=tensor_shape,
             sink=sink,
             reader=self._reader,
+            prefetch_rows=self.prefetch_rows,
+            cut_on=self.device if self.preprocess == "device" else None,
             priority=priority,
         )
 
@@ -282,6 +350,7 @@ class Engine:
         """Queue a prepared request: lower ``priority`` first, then arrival order."""
         keys = [(r.priority, r.arrival) for r in self._active]
         self._active.insert(bisect.bisect_right(keys, (request.priority, request.arrival)), request)
+        request.start_reading()
 
     def abort_request(self, request_id: str) -> bool:
         """Drop a pending request and its queued patches; True if it was pending."""
@@ -420,7 +489,7 @@ class Engine:
     def _run_batch(self, batch: list[Patch]) -> None:
         t0 = time.perf_counter()
         try:
-            out = self._forward(batch)
+            out = self._forward_fitting(batch)
         except GeoServeError as exc:
             self._fail_batch(batch, exc)
             return
@@ -446,12 +515,39 @@ class Engine:
             req.timings.stitch += time.perf_counter() - t1
             req.timings.model += share
 
+    def _forward_fitting(self, batch: list[Patch]) -> NDArray[np.float32]:
+        """:meth:`_forward`, splitting the batch in two while the device runs out of memory."""
+        try:
+            return self._forward(batch)
+        except torch.OutOfMemoryError:
+            if len(batch) == 1:
+                raise
+        half = (len(batch) + 1) // 2
+        if self.max_batch_patches > half:
+            logger.warning(
+                "out of device memory at %d patches per batch; continuing with %d",
+                len(batch),
+                half,
+            )
+            self.max_batch_patches = half
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        parts = [self._forward_fitting(batch[:half]), self._forward_fitting(batch[half:])]
+        return np.concatenate(parts)
+
     def _forward(self, batch: list[Patch]) -> NDArray[np.float32]:
-        x = torch.from_numpy(np.stack([p.data for p in batch])).to(self.device)
+        x = _stack([p.data for p in batch], self.device)
         kwargs: dict[str, Any] = {}
         for key in batch[0].request.ctx.model_kwargs:
             vals = np.stack([p.request.ctx.model_kwargs[key] for p in batch])
             kwargs[key] = torch.from_numpy(vals).to(self.device)
+        n = x.shape[0]
+        if self.compiled and n < self.max_batch_patches:  # one batch shape: no recompiles
+            pad = self.max_batch_patches - n
+            x = torch.cat([x, x[-1:].expand(pad, *x.shape[1:])])
+            kwargs = {
+                k: torch.cat([v, v[-1:].expand(pad, *v.shape[1:])]) for k, v in kwargs.items()
+            }
         with torch.inference_mode(), self._autocast():
             y = self.model(x, **kwargs)
         if isinstance(y, tuple | list):
@@ -460,6 +556,8 @@ class Engine:
             raise ModelOutputShapeError(
                 f"model {self.spec.name!r} returned {type(y).__name__}, not a tensor"
             )
+        if x.shape[0] != n and isinstance(y, torch.Tensor) and y.shape[0] == x.shape[0]:
+            x, y = x[:n], y[:n]  # drop the padding
         if y.ndim == 5:  # (B, C, T, H, W): one band per (date, channel)
             y = rearrange(y, "b c t h w -> b (t c) h w")
         p = x.shape[-1]
@@ -644,8 +742,15 @@ class Engine:
         except GeoServeError as exc:
             self._failed.append(TensorRequestOutput(rid, True, None, exc))
             return rid
-        self._active.append(req)
+        self.admit(req)
         return rid
+
+
+def _stack(datas: list[NDArray[np.float32] | torch.Tensor], device: torch.device) -> torch.Tensor:
+    """One batch tensor on ``device`` from host arrays or (already moved) device tensors."""
+    if all(isinstance(d, np.ndarray) for d in datas):
+        return torch.from_numpy(np.stack(datas)).to(device, non_blocking=True)  # type: ignore[arg-type]
+    return torch.stack([torch.as_tensor(d).to(device) for d in datas])
 
 
 def _output_failed(req: Request, exc: BaseException) -> GeoServeError:

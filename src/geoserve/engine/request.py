@@ -16,12 +16,15 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 from numpy.typing import NDArray
 
 from geoserve.engine.delivery import OutputSink
+from geoserve.engine.prefetch import RowPrefetcher
 from geoserve.errors import GeoServeError
 from geoserve.processors.base import InputProcessor, OutputProcessor, PatchRow, RasterContext
 from geoserve.processors.canvas import Canvas
+from geoserve.processors.patcher import GeoTiffPatcher
 from geoserve.raster.source import RasterSource
 from geoserve.schemas import OutFormat, StageTimings
 
@@ -33,7 +36,7 @@ class Patch:
     request: Request
     row: int
     col: int
-    data: NDArray[np.float32]
+    data: NDArray[np.float32] | torch.Tensor
 
 
 @dataclass
@@ -63,14 +66,28 @@ class Request:
     out_channels: int | None = None
     error: GeoServeError | None = None
     reader: Executor | None = None
+    prefetch_rows: int = 2
+    cut_on: torch.device | None = None
     priority: int = 0
     arrival: float = field(default_factory=time.monotonic)
     stitched: int = 0
     skipped: int = 0
-    _prefetch: Future[PatchRow] | None = None
+    _rows: RowPrefetcher[PatchRow] = field(init=False)
 
     def __post_init__(self) -> None:
         self.canvas = Canvas(self.ctx.grid)
+        self._rows = RowPrefetcher(
+            self._read_row, self.ctx.grid.rows, self.reader, self.prefetch_rows
+        )
+
+    def _read_row(self, row: int) -> PatchRow:
+        if self.cut_on is not None and isinstance(self.in_proc, GeoTiffPatcher):
+            return self.in_proc.read_row_on(self.sources, self.ctx, row, self.cut_on)
+        return self.in_proc.read_row(self.sources, self.ctx, row)
+
+    def start_reading(self) -> None:
+        """Start reading rows ahead on the engine's reader pool (called on admission)."""
+        self._rows.start()
 
     @property
     def rows_left(self) -> bool:
@@ -107,19 +124,9 @@ class Request:
         """
         while not self.queue and self.rows_left:
             t0 = time.perf_counter()
-            if self._prefetch is not None:
-                row = self._prefetch.result()
-                self._prefetch = None
-            else:
-                row = self.in_proc.read_row(self.sources, self.ctx, self.next_row)
+            row = self._rows.next()  # read ahead on the reader pool while the model runs
             self.canvas.expect(row.row, len(row.cols), row.core_valid)
             self.next_row += 1
-            if self.reader is not None and self.rows_left:
-                # read the next row while the model works on this one (GDAL drops the GIL);
-                # only that thread touches this request's datasets until its result is taken
-                self._prefetch = self.reader.submit(
-                    self.in_proc.read_row, self.sources, self.ctx, self.next_row
-                )
             patches = row.patches
             if self.tensor_shape is not None and len(patches):
                 patches = patches.reshape(len(patches), *self.tensor_shape, *patches.shape[-2:])
@@ -138,11 +145,7 @@ class Request:
 
         Waits for a read or write in progress to stop first; a committed output stays.
         """
-        if self._prefetch is not None:
-            self._prefetch.cancel()
-            with contextlib.suppress(Exception):
-                self._prefetch.result()
-            self._prefetch = None
+        self._rows.close()
         while self.writes:
             fut = self.writes.popleft()
             fut.cancel()

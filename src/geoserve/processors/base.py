@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, TypeVar, get_args
 
 import numpy as np
+import torch
 from numpy.typing import NDArray
 
 from geoserve.raster.grid import PatchGrid
@@ -70,14 +71,15 @@ class PatchRow:
     Attributes:
         row: Grid row index.
         cols: Grid column of each patch in ``patches`` (all-nodata patches are left out).
-        patches: float32 array (len(cols), C, P, P), or (len(cols), C, T, P, P) for T dates.
+        patches: float32 (len(cols), C, P, P), or (len(cols), C, T, P, P) for T dates: a numpy
+            array, or a torch tensor already on the model's device when it was cut there.
         core_valid: (core height, width) bool mask of valid input pixels in this row's core
             rows, or ``None`` when every pixel is valid.
     """
 
     row: int
     cols: tuple[int, ...]
-    patches: NDArray[np.float32]
+    patches: NDArray[np.float32] | torch.Tensor
     core_valid: NDArray[np.bool_] | None
 
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import torch
 from affine import Affine
 from numpy.typing import NDArray
 
@@ -26,6 +27,26 @@ from geoserve.processors.base import InputProcessor, PatchRow, RasterContext
 from geoserve.raster.coords import acquisition_date, centre_lonlat, year_doy
 from geoserve.raster.grid import BlendMode, PatchGrid, check_tiling, reflect_indices
 from geoserve.raster.source import RasterArray, RasterInfo, RasterSource, resolve_bands
+
+
+@dataclass(frozen=True)
+class RawBand:
+    """The raw input under one grid row, before normalisation.
+
+    Attributes:
+        raw: (C, P, W), or (C, T, P, W) for T dates, in the file's dtype (may be a view of the
+            source's cache: do not modify).
+        invalid: (P, W) mask of nodata/NaN pixels, or ``None`` when there are none.
+        cols: Grid columns of the patches to cut (all-nodata ones are left out).
+        col_indices: For each of ``cols``, the P image columns it takes (reflected at edges).
+        core_valid: As :attr:`PatchRow.core_valid`.
+    """
+
+    raw: NDArray[Any]
+    invalid: NDArray[np.bool_] | None
+    cols: tuple[int, ...]
+    col_indices: tuple[NDArray[np.intp], ...]
+    core_valid: NDArray[np.bool_] | None
 
 
 @dataclass(frozen=True)
@@ -157,7 +178,59 @@ class GeoTiffPatcher(InputProcessor):
         )
 
     def read_row(self, sources: Sequence[RasterSource], ctx: RasterContext, row: int) -> PatchRow:
-        """Read grid row ``row`` of every date and cut it into normalised patches."""
+        """Read grid row ``row`` of every date and cut it into normalised patches (numpy)."""
+        band = self.read_band(sources, ctx, row)
+        data = self.normalize(band.raw)
+        if band.invalid is not None:
+            data[..., band.invalid] = self.fill
+        patches = [_take(data, idx, axis=-1) for idx in band.col_indices]
+        empty = (0, *data.shape[:-2], ctx.grid.patch_size, ctx.grid.patch_size)
+        stacked = np.stack(patches) if patches else np.zeros(empty, dtype=np.float32)
+        return PatchRow(row=row, cols=band.cols, patches=stacked, core_valid=band.core_valid)
+
+    def read_row_on(
+        self,
+        sources: Sequence[RasterSource],
+        ctx: RasterContext,
+        row: int,
+        device: torch.device,
+    ) -> PatchRow:
+        """Like :meth:`read_row`, but the cast, normalisation and cutting run in torch.
+
+        The raw band (uint16 for most scenes, half the bytes of float32) is copied to
+        ``device`` once, from pinned memory on CUDA, and the patches stay there for the model.
+
+        Gives the same values as :meth:`read_row` (the same float32 operations in the same
+        order; the tests compare them bit for bit on CPU tensors).
+        """
+        band = self.read_band(sources, ctx, row)
+        raw = torch.from_numpy(np.ascontiguousarray(band.raw))
+        if device.type == "cuda":
+            raw = raw.pin_memory()
+        x = raw.to(device, non_blocking=True).to(torch.float32)
+        if self.scale_factor != 1.0:
+            x *= torch.tensor(self.scale_factor, dtype=torch.float32, device=device)
+        shape = (-1,) + (1,) * (x.ndim - 1)
+        if self.mean is not None:
+            x -= torch.tensor(self.mean, dtype=torch.float32, device=device).reshape(shape)
+        if self.std is not None:
+            x /= torch.tensor(self.std, dtype=torch.float32, device=device).reshape(shape)
+        if band.invalid is not None:
+            x[..., torch.from_numpy(band.invalid).to(device)] = self.fill
+        p = ctx.grid.patch_size
+        if band.cols:
+            idx = torch.from_numpy(np.stack(band.col_indices)).to(device)  # (n, P)
+            patches = x[..., idx]  # (..., P rows, n, P cols)
+            patches = torch.movedim(patches, -2, 0).contiguous()
+        else:
+            patches = torch.zeros((0, *x.shape[:-2], p, p), dtype=torch.float32, device=device)
+        return PatchRow(row=row, cols=band.cols, patches=patches, core_valid=band.core_valid)
+
+    def read_band(self, sources: Sequence[RasterSource], ctx: RasterContext, row: int) -> RawBand:
+        """The raw rows under grid row ``row``, their invalid pixels, and the patch columns.
+
+        Rows and columns past the image edges are reflected (see :func:`reflect_indices`).
+        """
         grid = ctx.grid
         r0, _ = grid.origin(row, 0)
         rows = reflect_indices(r0, grid.patch_size, grid.height)
@@ -166,39 +239,41 @@ class GeoTiffPatcher(InputProcessor):
         stacks, invalid = [], np.zeros((grid.patch_size, grid.width), dtype=bool)
         for src in sources:
             raw = _take(src.read_rows(lo, hi, ctx.bands), rows - lo, axis=1)
-            band = self.normalize(raw)
             bad = _invalid(raw, nodata)
             if bad is not None:
                 invalid |= bad
-            stacks.append(band)
+            stacks.append(raw)
         data = stacks[0] if self.num_frames == 1 else np.stack(stacks, axis=1)
         any_invalid = bool(invalid.any())
-        if any_invalid:
-            data[..., invalid] = self.fill
-        patches, cols = [], []
+        cols, col_indices = [], []
         for col in range(grid.cols):
             c_idx = reflect_indices(grid.origin(row, col)[1], grid.patch_size, grid.width)
             if any_invalid and invalid[:, c_idx].all():
                 continue  # nothing valid to predict: skip the model for this patch
-            patches.append(_take(data, c_idx, axis=-1))
             cols.append(col)
-        core_h = grid.core_window(row, 0).height
+            col_indices.append(c_idx)
         core_valid = None
         if any_invalid:
+            core_h = grid.core_window(row, 0).height
             core_valid = ~invalid[grid.margin : grid.margin + core_h]
-        empty = (0, *data.shape[:-2], grid.patch_size, grid.patch_size)
-        stacked = np.stack(patches) if patches else np.zeros(empty, dtype=np.float32)
-        return PatchRow(row=row, cols=tuple(cols), patches=stacked, core_valid=core_valid)
+        return RawBand(
+            raw=data,
+            invalid=invalid if any_invalid else None,
+            cols=tuple(cols),
+            col_indices=tuple(col_indices),
+            core_valid=core_valid,
+        )
 
     def normalize(self, raw: NDArray[Any]) -> NDArray[np.float32]:
-        """(raw * scale_factor - mean) / std, per band, in float32."""
+        """(raw * scale_factor - mean) / std, per band (the first axis), in float32."""
         x = raw.astype(np.float32)
+        shape = (-1,) + (1,) * (x.ndim - 1)  # per band, for (C, rows, W) and (C, T, rows, W)
         if self.scale_factor != 1.0:
             x *= np.float32(self.scale_factor)
         if self.mean is not None:
-            x -= np.asarray(self.mean, dtype=np.float32)[:, None, None]
+            x -= np.asarray(self.mean, dtype=np.float32).reshape(shape)
         if self.std is not None:
-            x /= np.asarray(self.std, dtype=np.float32)[:, None, None]
+            x /= np.asarray(self.std, dtype=np.float32).reshape(shape)
         return x
 
     def dummy_input(self, seed: int = 0) -> RasterArray:

@@ -3,8 +3,13 @@
 An input is a path, GeoTIFF ``bytes``, a base64 string of those bytes, or a
 :class:`RasterArray` (a numpy array with a rasterio-style profile). Whatever the form, it becomes
 a :class:`RasterSource`, which exposes the metadata (:class:`RasterInfo`) and one read method,
-:meth:`RasterSource.read_rows`. Reading a band of rows at a time (never the whole scene) is the
-seam that the streaming pipeline extends: memory grows with the scene's width, not its area.
+:meth:`RasterSource.read_rows`. Reading a band of rows at a time (never the whole scene) keeps
+memory proportional to the scene's width, not its area.
+
+Files are read in bands aligned to their internal blocks (tiles or strips) and the decoded rows
+are kept until the reader moves past them: neighbouring patch rows overlap and straddle block
+boundaries, and without the cache every compressed block would be decoded two or three times.
+GDAL decodes the blocks of one band on ``threads`` threads (its ``NUM_THREADS`` open option).
 
 Bytes go through rasterio's ``MemoryFile``; no temporary files.
 """
@@ -119,19 +124,34 @@ def _warn_if_not_georeferenced(info: RasterInfo) -> None:
         )
 
 
-class DatasetSource(RasterSource):
-    """A source backed by a rasterio dataset (a file, or bytes in a ``MemoryFile``)."""
+def default_read_workers() -> int:
+    """Reader threads by default: the core count, at most 4 (the model needs cores too)."""
+    return max(1, min(4, os.cpu_count() or 1))
 
-    def __init__(self, name: str, path: str | None = None, data: bytes | None = None) -> None:
+
+class DatasetSource(RasterSource):
+    """A source backed by a rasterio dataset (a file, or bytes in a ``MemoryFile``).
+
+    Reads go through a cache of decoded, block-aligned rows; see the module docstring.
+    """
+
+    def __init__(
+        self, name: str, path: str | None = None, data: bytes | None = None, threads: int = 1
+    ) -> None:
         self._memfile: MemoryFile | None = None
+        self._cache: NDArray[Any] | None = None
+        self._cache_start = 0
+        self._cache_bands: tuple[int, ...] = ()
+        self.rows_decoded = 0  # rows read from the file (for tests: each block once)
+        options = {"NUM_THREADS": str(threads)} if threads > 1 else {}
         try:
             with warnings.catch_warnings():  # geoserve issues its own, naming the input
                 warnings.simplefilter("ignore", rasterio.errors.NotGeoreferencedWarning)
                 if data is not None:
                     self._memfile = MemoryFile(data)
-                    self._ds = self._memfile.open()
+                    self._ds = self._memfile.open(**options)
                 else:
-                    self._ds = rasterio.open(path)
+                    self._ds = rasterio.open(path, **options)
         except RasterioError as exc:
             self.close()
             raise RasterReadError(f"{name}: not a readable raster ({exc})") from exc
@@ -156,9 +176,34 @@ class DatasetSource(RasterSource):
             self.close()
             raise
         _warn_if_not_georeferenced(self.info)
+        self._block_rows = max(1, int(ds.block_shapes[0][0]))
 
     def read_rows(self, row_start: int, row_stop: int, bands: Sequence[int]) -> NDArray[Any]:
-        """See :meth:`RasterSource.read_rows`."""
+        """See :meth:`RasterSource.read_rows`; rows come from the block cache.
+
+        The returned array may be a view of the cache: callers must not modify it.
+        """
+        key = tuple(bands)
+        cache = self._cache
+        if cache is None or key != self._cache_bands or row_start < self._cache_start:
+            cache, self._cache_bands = None, key  # a new band selection, or reading backwards
+            self._cache_start = row_start - row_start % self._block_rows
+        else:  # forget the rows above this read: reads only move down the image
+            drop = row_start - self._cache_start
+            cache = cache[:, drop:]
+            self._cache_start += drop
+        have = self._cache_start + (0 if cache is None else cache.shape[1])
+        if row_stop > have:
+            stop = min(self.info.height, -(-row_stop // self._block_rows) * self._block_rows)
+            fresh = self._read(have, stop, key)
+            cache = (
+                fresh if cache is None or not cache.shape[1] else np.concatenate((cache, fresh), 1)
+            )
+        self._cache = cache
+        assert cache is not None
+        return cache[:, row_start - self._cache_start : row_stop - self._cache_start]
+
+    def _read(self, row_start: int, row_stop: int, bands: Sequence[int]) -> NDArray[Any]:
         window = Window(0, row_start, self.info.width, row_stop - row_start)
         try:
             out: NDArray[Any] = self._ds.read([b + 1 for b in bands], window=window)
@@ -167,6 +212,7 @@ class DatasetSource(RasterSource):
                 f"{self.info.name}: cannot read rows {row_start}-{row_stop} ({exc}); "
                 "the file may be truncated or corrupt"
             ) from exc
+        self.rows_decoded += row_stop - row_start
         return out
 
     def close(self) -> None:
@@ -229,8 +275,10 @@ def _decode_b64(text: str) -> bytes:
         raise InputError(f"input is not valid base64 ({exc})") from exc
 
 
-def open_raster(obj: RasterLike, data_format: DataFormat = "auto") -> RasterSource:
-    """Open one request input.
+def open_raster(
+    obj: RasterLike, data_format: DataFormat = "auto", *, threads: int = 1
+) -> RasterSource:
+    """Open one request input (``threads``: GDAL's decoding threads for files and bytes).
 
     ``data_format="auto"`` treats ``bytes`` as a GeoTIFF, a :class:`RasterArray` as itself, an
     existing path as a path, and any other long base64-looking string as base64.
@@ -244,7 +292,7 @@ def open_raster(obj: RasterLike, data_format: DataFormat = "auto") -> RasterSour
     elif isinstance(obj, bytes | bytearray | memoryview):
         if data_format not in ("auto", "bytes"):
             raise InputError(f"got bytes but data_format={data_format!r}")
-        source = DatasetSource("<bytes>", data=bytes(obj))
+        source = DatasetSource("<bytes>", data=bytes(obj), threads=threads)
     elif isinstance(obj, str | os.PathLike):
         text = os.fspath(obj)
         if data_format == "b64" or (
@@ -254,14 +302,14 @@ def open_raster(obj: RasterLike, data_format: DataFormat = "auto") -> RasterSour
             and not os.path.exists(text)
             and _B64_CHARS.match(text[:4096]) is not None
         ):
-            source = DatasetSource("<base64>", data=_decode_b64(text))
+            source = DatasetSource("<base64>", data=_decode_b64(text), threads=threads)
         else:
             path = Path(text)
             if not path.exists():
                 raise RasterReadError(f"{text}: no such file")
             if path.is_dir():
                 raise RasterReadError(f"{text}: is a directory, not a raster file")
-            source = DatasetSource(text, path=text)
+            source = DatasetSource(text, path=text, threads=threads)
     else:
         raise InputError(
             f"unsupported input of type {type(obj).__name__}; pass a path, GeoTIFF bytes, "

@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from geoserve.engine import Engine
 from geoserve.engine.async_engine import AsyncEngine
+from geoserve.engine.core import AUTO_MAX_BATCH
 from geoserve.errors import (
     ConfigError,
     ForbiddenInputError,
@@ -101,7 +102,8 @@ class _Service:
 
     def __init__(self, settings: ServerSettings, engine: Engine | None) -> None:
         self.settings = settings
-        self.metrics = Metrics(settings.max_batch_patches)
+        batch = settings.max_batch_patches
+        self.metrics = Metrics(batch if isinstance(batch, int) else AUTO_MAX_BATCH)
         self.state: dict[str, Any] = {"engine": None, "draining": False, "load_error": None}
         self._given_engine = engine
 
@@ -117,6 +119,11 @@ class _Service:
                 device=s.device,
                 dtype=s.dtype,
                 max_batch_patches=s.max_batch_patches,
+                compile=s.compile,
+                read_workers=s.read_workers,
+                prefetch_rows=s.prefetch_rows,
+                preprocess=s.preprocess,
+                cog=s.cog,
             )
             eng.cross_request_batching = s.cross_request_batching
             async_engine = AsyncEngine(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -25,8 +26,19 @@ class ServerSettings(BaseModel):
     """Torch device for the model."""
     dtype: str | None = None
     """Autocast dtype (bf16, fp16)."""
-    max_batch_patches: int = Field(16, ge=1)
-    """Most patches per forward pass, drawn from all pending requests."""
+    max_batch_patches: Annotated[int, Field(ge=1)] | Literal["auto"] = 16
+    """Most patches per forward pass, drawn from all pending requests ('auto': sized from
+    free device memory on a GPU)."""
+    compile: bool = False
+    """torch.compile the model (slower start-up, faster forward passes on a GPU)."""
+    read_workers: int | None = Field(None, ge=1)
+    """Reader threads shared by all requests (default: cores, at most 4)."""
+    prefetch_rows: int = Field(2, ge=0)
+    """Grid rows each request keeps read ahead of the model."""
+    preprocess: Literal["auto", "host", "device"] = "auto"
+    """Where patches are cast, normalised and cut: 'device' on CUDA by default."""
+    cog: bool = False
+    """Write outputs as Cloud-Optimized GeoTIFFs."""
     max_wait_ms: float = Field(0.0, ge=0)
     """How long a batch may wait to fill, from the oldest pending request (0: never wait)."""
     cross_request_batching: bool = True
