@@ -245,6 +245,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="HOST",
         help="allow 'url' inputs from HOST (repeatable)",
     )
+    s.add_argument(
+        "--url-reads",
+        choices=("range", "download"),
+        default="range",
+        help="read URL inputs in place by range requests when the host allows (default), "
+        "or download them whole first",
+    )
     s.add_argument("--output-dir", metavar="DIR", help="allow 'path' outputs, written in DIR")
     s.add_argument("--api-key", help="require this key (or set GEOSERVE_API_KEY)")
     s.add_argument(

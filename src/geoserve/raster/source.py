@@ -151,7 +151,8 @@ class DatasetSource(RasterSource):
                     self._memfile = MemoryFile(data)
                     self._ds = self._memfile.open(**options)
                 else:
-                    self._ds = rasterio.open(path, **options)
+                    with rasterio.Env(GDAL_DISABLE_READDIR_ON_OPEN="EMPTY_DIR"):
+                        self._ds = rasterio.open(path, **options)
         except RasterioError as exc:
             self.close()
             raise RasterReadError(f"{name}: not a readable raster ({exc})") from exc
@@ -303,6 +304,8 @@ def open_raster(
             and _B64_CHARS.match(text[:4096]) is not None
         ):
             source = DatasetSource("<base64>", data=_decode_b64(text), threads=threads)
+        elif text.startswith("/vsicurl/"):  # read in place by HTTP range requests
+            source = DatasetSource(text.removeprefix("/vsicurl/"), path=text, threads=threads)
         else:
             path = Path(text)
             if not path.exists():

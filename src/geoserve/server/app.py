@@ -39,7 +39,7 @@ from geoserve.errors import (
 from geoserve.raster.source import DataFormat, RasterLike
 from geoserve.schemas import ImageRequestOutput, OutFormat
 from geoserve.server.errors import error_body, status_for
-from geoserve.server.inputs import fetch_url, resolve_input_path
+from geoserve.server.inputs import fetch_url, remote_input, resolve_input_path
 from geoserve.server.metrics import Metrics
 from geoserve.server.middleware import ClientDisconnected, GuardMiddleware
 from geoserve.server.settings import ServerSettings
@@ -162,8 +162,9 @@ class _Service:
             return [resolve_input_path(p, s.allowed_input_dirs) for p in items], "path"
         if data_format == "url":
             limit = int(s.max_body_mb * 1024 * 1024)
-            data = [await fetch_url(u, s.allowed_url_domains, limit) for u in items]
-            return list(data), "bytes"
+            fetch = remote_input if s.url_reads == "range" else fetch_url
+            data = [await fetch(u, s.allowed_url_domains, limit) for u in items]
+            return list(data), "auto"  # /vsicurl/ paths and downloaded bytes
         return list(items), "b64"
 
     def output_path(self, rid: str, out_format: str) -> Path | None:

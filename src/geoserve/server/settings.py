@@ -55,6 +55,9 @@ class ServerSettings(BaseModel):
     """Directories that ``path`` inputs may name; empty: path inputs are refused."""
     allowed_url_domains: list[str] = Field(default_factory=list)
     """Host names that ``url`` inputs may fetch from; empty: URL inputs are refused."""
+    url_reads: Literal["range", "download"] = "range"
+    """'range': read URL inputs in place by HTTP range requests (GDAL /vsicurl/) when the host
+    supports them; 'download': always fetch the whole file first."""
     output_dir: Path | None = None
     """Where ``path`` outputs are written; unset: path outputs are refused."""
     api_key: str | None = Field(default_factory=lambda: os.environ.get("GEOSERVE_API_KEY"))
