@@ -50,6 +50,7 @@ from geoserve.raster.source import (
     RasterArray,
     RasterLike,
     default_read_workers,
+    limit_gdal_cache,
     open_raster,
 )
 from geoserve.raster.write import OutputRaster
@@ -166,6 +167,7 @@ class Engine:
         self.device = torch.device(device)
         self.dtype = _resolve_dtype(dtype)
         self._output_dir = Path(output_dir) if output_dir is not None else None
+        limit_gdal_cache()
         self.model = build_model(self.spec, weights, self.device)
         self.compiled = bool(compile)
         if compile:

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 from affine import Affine
+from numpy.lib.stride_tricks import sliding_window_view
 from numpy.typing import NDArray
 
 from geoserve.errors import BandMismatchError, ConfigError, InputError
@@ -34,18 +35,17 @@ class RawBand:
     """The raw input under one grid row, before normalisation.
 
     Attributes:
-        raw: (C, P, W), or (C, T, P, W) for T dates, in the file's dtype (may be a view of the
-            source's cache: do not modify).
-        invalid: (P, W) mask of nodata/NaN pixels, or ``None`` when there are none.
+        raw: (C, P, Wp), or (C, T, P, Wp) for T dates, in the file's dtype: the rows under the
+            grid row and the columns under all its patches, ``Wp = (cols - 1) * S + P`` wide,
+            reflected past the image edges. Patch ``c`` is columns ``[c*S, c*S + P)``.
+        invalid: (P, Wp) mask of nodata/NaN pixels, or ``None`` when there are none.
         cols: Grid columns of the patches to cut (all-nodata ones are left out).
-        col_indices: For each of ``cols``, the P image columns it takes (reflected at edges).
         core_valid: As :attr:`PatchRow.core_valid`.
     """
 
     raw: NDArray[Any]
     invalid: NDArray[np.bool_] | None
     cols: tuple[int, ...]
-    col_indices: tuple[NDArray[np.intp], ...]
     core_valid: NDArray[np.bool_] | None
 
 
@@ -178,15 +178,21 @@ class GeoTiffPatcher(InputProcessor):
         )
 
     def read_row(self, sources: Sequence[RasterSource], ctx: RasterContext, row: int) -> PatchRow:
-        """Read grid row ``row`` of every date and cut it into normalised patches (numpy)."""
+        """Read grid row ``row`` of every date and cut it into normalised patches (numpy).
+
+        The patches are strided views into one normalised band of rows (no per-patch copies:
+        overlapping patches share memory); batching copies them once, into the batch.
+        """
+        grid = ctx.grid
         band = self.read_band(sources, ctx, row)
         data = self.normalize(band.raw)
         if band.invalid is not None:
             data[..., band.invalid] = self.fill
-        patches = [_take(data, idx, axis=-1) for idx in band.col_indices]
-        empty = (0, *data.shape[:-2], ctx.grid.patch_size, ctx.grid.patch_size)
-        stacked = np.stack(patches) if patches else np.zeros(empty, dtype=np.float32)
-        return PatchRow(row=row, cols=band.cols, patches=stacked, core_valid=band.core_valid)
+        windows = sliding_window_view(data, grid.patch_size, axis=-1)[..., :: grid.stride, :]
+        patches = np.moveaxis(windows, -2, 0)  # (cols, C, [T,] P, P), a view
+        if len(band.cols) < grid.cols:
+            patches = patches[list(band.cols)]
+        return PatchRow(row=row, cols=band.cols, patches=patches, core_valid=band.core_valid)
 
     def read_row_on(
         self,
@@ -217,13 +223,12 @@ class GeoTiffPatcher(InputProcessor):
             x /= torch.tensor(self.std, dtype=torch.float32, device=device).reshape(shape)
         if band.invalid is not None:
             x[..., torch.from_numpy(band.invalid).to(device)] = self.fill
-        p = ctx.grid.patch_size
-        if band.cols:
-            idx = torch.from_numpy(np.stack(band.col_indices)).to(device)  # (n, P)
-            patches = x[..., idx]  # (..., P rows, n, P cols)
-            patches = torch.movedim(patches, -2, 0).contiguous()
-        else:
-            patches = torch.zeros((0, *x.shape[:-2], p, p), dtype=torch.float32, device=device)
+        p, stride = ctx.grid.patch_size, ctx.grid.stride
+        patches = x.unfold(-1, p, stride)  # (..., P rows, cols, P cols), a view
+        patches = torch.movedim(patches, -2, 0)
+        if len(band.cols) < ctx.grid.cols:
+            patches = patches[torch.tensor(band.cols, device=device, dtype=torch.long)]
+        patches = patches.contiguous()
         return PatchRow(row=row, cols=band.cols, patches=patches, core_valid=band.core_valid)
 
     def read_band(self, sources: Sequence[RasterSource], ctx: RasterContext, row: int) -> RawBand:
@@ -244,25 +249,25 @@ class GeoTiffPatcher(InputProcessor):
                 invalid |= bad
             stacks.append(raw)
         data = stacks[0] if self.num_frames == 1 else np.stack(stacks, axis=1)
-        any_invalid = bool(invalid.any())
-        cols, col_indices = [], []
-        for col in range(grid.cols):
-            c_idx = reflect_indices(grid.origin(row, col)[1], grid.patch_size, grid.width)
-            if any_invalid and invalid[:, c_idx].all():
-                continue  # nothing valid to predict: skip the model for this patch
-            cols.append(col)
-            col_indices.append(c_idx)
+        # the columns under all patches of the row, reflected past the edges: a view when the
+        # patches stay inside the image
+        span = (grid.cols - 1) * grid.stride + grid.patch_size
+        col_idx = reflect_indices(grid.origin(row, 0)[1], span, grid.width)
+        data = _take(data, col_idx, axis=-1)
+        cols = tuple(range(grid.cols))
         core_valid = None
-        if any_invalid:
+        wide_invalid = None
+        if invalid.any():
+            wide_invalid = _take(invalid, col_idx, axis=-1)
+            # nothing valid to predict: skip the model for that patch
+            cols = tuple(
+                c
+                for c in cols
+                if not wide_invalid[:, c * grid.stride : c * grid.stride + grid.patch_size].all()
+            )
             core_h = grid.core_window(row, 0).height
             core_valid = ~invalid[grid.margin : grid.margin + core_h]
-        return RawBand(
-            raw=data,
-            invalid=invalid if any_invalid else None,
-            cols=tuple(cols),
-            col_indices=tuple(col_indices),
-            core_valid=core_valid,
-        )
+        return RawBand(raw=data, invalid=wide_invalid, cols=cols, core_valid=core_valid)
 
     def normalize(self, raw: NDArray[Any]) -> NDArray[np.float32]:
         """(raw * scale_factor - mean) / std, per band (the first axis), in float32."""

@@ -89,3 +89,14 @@ def load() -> types.SimpleNamespace:
         heads=importlib.import_module("terratorch.models.heads.segmentation_head"),
         utils=importlib.import_module("terratorch.models.utils"),
     )
+
+
+def load_tiled_inference() -> types.ModuleType:
+    """TerraTorch's ``terratorch.tasks.tiled_inference`` (imports torch, tqdm and its utils)."""
+    load()
+    src = _fetch()
+    if "terratorch.tasks" not in sys.modules:
+        mod = types.ModuleType("terratorch.tasks")
+        mod.__path__ = [str(src / "terratorch" / "tasks")]
+        sys.modules["terratorch.tasks"] = mod
+    return importlib.import_module("terratorch.tasks.tiled_inference")
