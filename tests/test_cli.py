@@ -201,3 +201,22 @@ def test_info_says_why_a_file_does_not_fit(tmp_path):
     missing = run("info", str(tmp_path / "none.tif"))
     assert missing.returncode == 1
     assert "none.tif: no such file" in missing.stderr
+
+
+def test_pipeline_knobs_leave_the_output_unchanged(tmp_path):
+    from geoserve.cli import main
+    from tests.conftest import write_geotiff
+
+    rng = np.random.default_rng(2)
+    src = write_geotiff(
+        tmp_path / "s.tif",
+        rng.integers(0, 3000, (3, 300, 260)).astype(np.uint16),
+        descriptions=["B2", "B3", "B8"],
+    )
+    ref, tuned = tmp_path / "ref.tif", tmp_path / "tuned.tif"
+    assert main(["predict", str(src), "-o", str(ref), "-m", "ndwi-water", "-q"]) == 0
+    knobs = ["--batch-size", "auto", "--read-workers", "1", "--prefetch-rows", "0"]
+    knobs += ["--preprocess", "device"]
+    assert main(["predict", str(src), "-o", str(tuned), "-m", "ndwi-water", "-q", *knobs]) == 0
+    with rasterio.open(ref) as a, rasterio.open(tuned) as b:
+        np.testing.assert_array_equal(a.read(), b.read())

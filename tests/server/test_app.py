@@ -436,3 +436,22 @@ def test_url_input_read_in_place_by_range_requests(client, data_dir, tmp_path):
         assert len(gets) > 1
     finally:
         httpd.shutdown()
+
+
+def test_pipeline_settings_reach_the_engine(tmp_path):
+    """Server-wide pipeline knobs: auto batch, no read-ahead, COG answers; same numbers."""
+    from rio_cogeo.cogeo import cog_validate
+
+    from tests.server.conftest import running_server
+
+    rng = np.random.default_rng(11)
+    path = write_geotiff(tmp_path / "s.tif", rng.integers(0, 400, (3, 90, 70)).astype(np.uint16))
+    knobs = {"max_batch_patches": "auto", "read_workers": 1, "prefetch_rows": 0, "cog": True}
+    with running_server(**knobs) as url:
+        resp = httpx.post(f"{url}/v1/images", files={"file": path.read_bytes()}, timeout=60)
+    assert resp.status_code == 200, resp.text
+    answer = tmp_path / "answer.tif"
+    answer.write_bytes(resp.content)
+    valid, errors, _ = cog_validate(str(answer), quiet=True)
+    assert valid, errors
+    np.testing.assert_array_equal(read(answer)[0], offline(path))
