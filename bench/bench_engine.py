@@ -176,7 +176,7 @@ def write_markdown(report: dict[str, Any]) -> None:
         "",
         "Goal: overhead <= 15 % on this 2-core machine. Stage times are per request: `model` "
         "is its share of the batches' forward time, `read` the time the loop waited for rows "
-        "(the next row is read in a background thread while the model runs, so on 2 cores "
+        "(rows are read ahead on the reader pool while the model runs, so on 2 cores "
         "reading competes with the model's own threads rather than adding wall time). "
         "Run-to-run noise on this shared machine is about +-4 percentage points.",
     ]
