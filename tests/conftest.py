@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import http.server
+import io
+import os
+import re
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -94,3 +100,54 @@ def read(path: Path | str) -> tuple[np.ndarray, dict[str, Any]]:
 def needs_shared(path: Path) -> Any:
     """Mark for tests that need a file from ../shared/data."""
     return pytest.mark.skipif(not path.exists(), reason=f"{path} not present")
+
+
+@contextmanager
+def serve_ranges(directory: Path) -> Iterator[tuple[str, list[tuple[str, str, str | None]]]]:
+    """A real HTTP server on 127.0.0.1 serving ``directory`` with range requests.
+
+    Yields its base URL and a log of (method, path, Range header) for every file request.
+    """
+    log: list[tuple[str, str, str | None]] = []
+
+    class Handler(http.server.SimpleHTTPRequestHandler):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, directory=str(directory), **kwargs)
+
+        def send_head(self) -> Any:
+            path = self.translate_path(self.path)
+            if not os.path.isfile(path):
+                self.send_error(404)
+                return None
+            size = os.path.getsize(path)
+            rng = self.headers.get("Range")
+            log.append((self.command, self.path, rng))
+            match = re.match(r"bytes=(\d+)-(\d*)", rng or "")
+            if match is None:
+                self.send_response(200)
+                self.send_header("Content-Length", str(size))
+                self.send_header("Accept-Ranges", "bytes")
+                self.end_headers()
+                return open(path, "rb")  # noqa: SIM115 - the handler closes it
+            start = int(match.group(1))
+            stop = min(int(match.group(2) or size - 1), size - 1)
+            with open(path, "rb") as f:
+                f.seek(start)
+                body = f.read(stop - start + 1)
+            self.send_response(206)
+            self.send_header("Content-Range", f"bytes {start}-{stop}/{size}")
+            self.send_header("Content-Length", str(len(body)))
+            self.send_header("Accept-Ranges", "bytes")
+            self.end_headers()
+            return io.BytesIO(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}", log
+    finally:
+        httpd.shutdown()
+        httpd.server_close()

@@ -220,3 +220,31 @@ def test_pipeline_knobs_leave_the_output_unchanged(tmp_path):
     assert main(["predict", str(src), "-o", str(tuned), "-m", "ndwi-water", "-q", *knobs]) == 0
     with rasterio.open(ref) as a, rasterio.open(tuned) as b:
         np.testing.assert_array_equal(a.read(), b.read())
+
+
+def test_predict_reads_a_url_in_place(tmp_path):
+    """`geoserve predict https://...`: the COG is read by range requests, not downloaded."""
+    from geoserve.cli import main
+    from tests.conftest import serve_ranges, write_geotiff
+
+    rng = np.random.default_rng(4)
+    src = write_geotiff(
+        tmp_path / "scene.tif",
+        rng.integers(0, 3000, (3, 500, 400)).astype(np.uint16),
+        descriptions=["B2", "B3", "B8"],
+        tiled=True,
+        blockxsize=256,
+        blockysize=256,
+        compress="deflate",
+    )
+    local, remote = tmp_path / "local.tif", tmp_path / "remote.tif"
+    assert main(["predict", str(src), "-o", str(local), "-m", "ndwi-water", "-q"]) == 0
+    with serve_ranges(tmp_path) as (base, log):
+        url = f"{base}/scene.tif"
+        assert main(["predict", url, "-o", str(remote), "-m", "ndwi-water", "-q"]) == 0
+    with rasterio.open(local) as a, rasterio.open(remote) as b:
+        np.testing.assert_array_equal(a.read(), b.read())
+        assert a.transform == b.transform
+    gets = [entry for entry in log if entry[0] == "GET"]
+    assert len(gets) > 1
+    assert all(r is not None for _, _, r in gets)

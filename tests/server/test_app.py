@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import io
 import json
-import os
 from pathlib import Path
 
 import httpx
@@ -15,7 +13,7 @@ import pytest
 from rasterio.io import MemoryFile
 
 from geoserve import Engine
-from tests.conftest import read, write_geotiff
+from tests.conftest import read, serve_ranges, write_geotiff
 from tests.server.conftest import API_KEY
 
 
@@ -359,56 +357,9 @@ def test_several_dates_in_one_upload(tmp_path):
         assert "takes 2 date(s) per request, got 1" in one.json()["message"]
 
 
-class RangeHandler:
-    """Builds a static-file handler that answers HTTP range requests and records them."""
-
-    @staticmethod
-    def make(directory, log):
-        import http.server
-        import re
-
-        class Handler(http.server.SimpleHTTPRequestHandler):
-            def __init__(self, *args, **kwargs):
-                super().__init__(*args, directory=str(directory), **kwargs)
-
-            def send_head(self):
-                path = self.translate_path(self.path)
-                if not os.path.isfile(path):
-                    self.send_error(404)
-                    return None
-                size = os.path.getsize(path)
-                rng = self.headers.get("Range")
-                log.append((self.command, self.path, rng))
-                if not rng:
-                    self.send_response(200)
-                    self.send_header("Content-Length", str(size))
-                    self.send_header("Accept-Ranges", "bytes")
-                    self.end_headers()
-                    return open(path, "rb")  # noqa: SIM115 - the handler closes it
-                start, stop = re.match(r"bytes=(\d+)-(\d*)", rng).groups()
-                start, stop = int(start), min(int(stop or size - 1), size - 1)
-                with open(path, "rb") as f:
-                    f.seek(start)
-                    body = f.read(stop - start + 1)
-                self.send_response(206)
-                self.send_header("Content-Range", f"bytes {start}-{stop}/{size}")
-                self.send_header("Content-Length", str(len(body)))
-                self.send_header("Accept-Ranges", "bytes")
-                self.end_headers()
-                return io.BytesIO(body)
-
-            def log_message(self, *args):
-                pass
-
-        return Handler
-
-
 def test_url_input_read_in_place_by_range_requests(client, data_dir, tmp_path):
     """A COG behind a range-capable host is read window by window through GDAL's /vsicurl/,
     never downloaded whole, and gives the same output as the file itself."""
-    import http.server
-    import threading
-
     cog = tmp_path / "scene.tif"
     rng = np.random.default_rng(5)
     write_geotiff(
@@ -419,11 +370,7 @@ def test_url_input_read_in_place_by_range_requests(client, data_dir, tmp_path):
         blockysize=256,
         compress="deflate",
     )
-    log: list = []
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), RangeHandler.make(tmp_path, log))
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    base = f"http://127.0.0.1:{httpd.server_address[1]}"
-    try:
+    with serve_ranges(tmp_path) as (base, log):
         resp = client.post(
             "/v1/images",
             json={"data": f"{base}/scene.tif", "data_format": "url", "out_data_format": "geotiff"},
@@ -434,8 +381,6 @@ def test_url_input_read_in_place_by_range_requests(client, data_dir, tmp_path):
         assert gets
         assert all(r is not None for _, _, r in gets)  # only range requests, no whole download
         assert len(gets) > 1
-    finally:
-        httpd.shutdown()
 
 
 def test_pipeline_settings_reach_the_engine(tmp_path):

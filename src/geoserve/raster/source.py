@@ -299,7 +299,10 @@ def open_raster(
     """Open one request input (``threads``: GDAL's decoding threads for files and bytes).
 
     ``data_format="auto"`` treats ``bytes`` as a GeoTIFF, a :class:`RasterArray` as itself, an
-    existing path as a path, and any other long base64-looking string as base64.
+    existing path as a path, an ``http(s)://`` URL as a remote file read in place by range
+    requests (GDAL's ``/vsicurl/``; a Cloud-Optimized GeoTIFF reads best), and any other long
+    base64-looking string as base64. (The server never passes client strings here unchecked:
+    it resolves paths and vets URLs first.)
 
     Raises:
         RasterReadError: the file is missing or is not a readable raster.
@@ -323,6 +326,8 @@ def open_raster(
             source = DatasetSource("<base64>", data=_decode_b64(text), threads=threads)
         elif text.startswith("/vsicurl/"):  # read in place by HTTP range requests
             source = DatasetSource(text.removeprefix("/vsicurl/"), path=text, threads=threads)
+        elif text.startswith(("http://", "https://")):
+            source = DatasetSource(text, path="/vsicurl/" + text, threads=threads)
         else:
             path = Path(text)
             if not path.exists():
