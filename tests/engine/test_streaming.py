@@ -215,3 +215,20 @@ def test_16k_scene_streams_under_an_address_space_limit(tmp_path):
         assert out.shape == (size, size)
         row = out.read(1, window=((size - 3, size - 2), (0, size)))[0]
     np.testing.assert_array_equal(row, (cols > 128).astype(np.uint8))  # ties: first class
+
+
+def test_leading_nodata_rows_wait_for_the_models_channel_count(make_geotiff, tmp_path):
+    """identity fixes no channel count, and its first rows are all nodata (no patch, final at
+    once): they still come out with the input's 3 bands, NaN, as in the whole-output run."""
+    data = (np.arange(3 * 120 * 50) % 500 + 1).reshape(3, 120, 50).astype(np.uint16)
+    data[:, :70] = 0  # the first grid rows are all nodata: no patch, rows final at once
+    src = make_geotiff(data=data, nodata=0)
+    outs = []
+    for streaming in (True, False):
+        with Engine("identity", streaming=streaming, patch_size=32, max_batch_patches=2) as e:
+            outs.append(e.generate_image(src, output_path=tmp_path / f"{streaming}.tif"))
+    _same_output(outs[0].outputs.path, outs[1].outputs.path)
+    out, profile = read(outs[0].outputs.path)
+    assert out.shape == (3, 120, 50)
+    assert np.isnan(out[:, :70]).all()
+    np.testing.assert_array_equal(out[:, 70:], data[:, 70:])

@@ -460,9 +460,14 @@ class Engine:
 
     def _emit(self, req: Request) -> None:
         """Queue the request's newly final output rows on the writer thread."""
-        channels = req.out_channels or self.out_proc.out_channels or 1
-        min_rows = 1 if self.streaming else req.ctx.grid.height
-        band = req.canvas.take_finished(channels, min_rows=min_rows)
+        fixed = req.out_proc.out_channels
+        band = None
+        if req.out_channels or fixed or req.canvas.complete:
+            # (rows that finished before any patch did, e.g. all nodata, wait until the model
+            # has said how many channels it returns, unless the output processor fixes it)
+            min_rows = 1 if self.streaming else req.ctx.grid.height
+            channels = req.out_channels or fixed or 1
+            band = req.canvas.take_finished(channels, min_rows=min_rows)
         if band is not None:
             req.writes.append(self._writer.submit(self._write_band, req, band))
         try:
