@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from geoserve.processors.canvas import Canvas
 from geoserve.raster.grid import PatchGrid
 
 
-def _run(grid: PatchGrid, outputs: dict, invalid_rows: set[int], streaming: bool):
-    canvas = Canvas(grid)
+def _run(grid: PatchGrid, outputs: dict, invalid_rows: set[int], streaming: bool, device=None):
+    canvas = Canvas(grid, device)
     bands, peak = [], 0
     for r in range(grid.rows):
         core_h = grid.core_window(r, 0).height
@@ -21,7 +22,8 @@ def _run(grid: PatchGrid, outputs: dict, invalid_rows: set[int], streaming: bool
         cols = [c for c in range(grid.cols) if (r, c) in outputs]
         canvas.expect(r, len(cols), mask)
         for c in cols:
-            canvas.add(r, c, outputs[r, c])
+            out = outputs[r, c]
+            canvas.add(r, c, out if device is None else torch.from_numpy(out).to(device))
             peak = max(peak, canvas.rows_held)
             band = canvas.take_finished(2) if streaming else None
             if band is not None:
@@ -33,9 +35,11 @@ def _run(grid: PatchGrid, outputs: dict, invalid_rows: set[int], streaming: bool
     return bands, peak
 
 
+@pytest.mark.parametrize("device", [None, torch.device("cpu")], ids=["numpy", "torch"])
 @pytest.mark.parametrize("blend", ["none", "center", "mean", "cosine"])
 @pytest.mark.parametrize(("h", "w"), [(1, 1), (5, 70), (97, 33), (130, 130)])
-def test_streamed_rows_equal_whole_image_bitwise(blend, h, w):
+def test_streamed_rows_equal_whole_image_bitwise(blend, h, w, device):
+    """Streamed rows equal the whole image, and a torch canvas (as on a GPU) equals numpy's."""
     patch, stride = 16, 16 if blend == "none" else 12
     grid = PatchGrid(h, w, patch, stride, blend)
     rng = np.random.default_rng(h * 1000 + w)
@@ -45,7 +49,7 @@ def test_streamed_rows_equal_whole_image_bitwise(blend, h, w):
         if (r + c) % 7 != 3  # some all-nodata patches are skipped
     }
     invalid = {1, grid.rows - 1}
-    streamed, peak = _run(grid, outputs, invalid, streaming=True)
+    streamed, peak = _run(grid, outputs, invalid, streaming=True, device=device)
     whole, _ = _run(grid, outputs, invalid, streaming=False)
     assert len(whole) == 1
     assert whole[0].row == 0

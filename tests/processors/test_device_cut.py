@@ -1,4 +1,4 @@
-"""Cutting and normalising patches in torch (as on a GPU) gives the host path's values exactly.
+"""Cutting, normalising and stitching in torch (as on a GPU) give the host path's values exactly.
 
 CI has no GPU: the torch path runs on CPU tensors here, the same code that runs on CUDA.
 """
@@ -82,5 +82,7 @@ def test_engine_outputs_equal_with_device_preprocessing(make_geotiff, model):
     for where in ("host", "device"):
         with Engine(model, preprocess=where, max_batch_patches=6) as engine:
             assert engine.preprocess == where
+            on = engine._stitch_device(engine.out_proc)  # noqa: SLF001
+            assert on == (torch.device("cpu") if where == "device" else None)
             outs.append(engine.generate_image(path, out_format="tensor").outputs.tensor)
     assert outs[0].equal(outs[1])

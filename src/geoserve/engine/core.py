@@ -100,9 +100,10 @@ class Engine:
             also the threads GDAL may use to decode one input's tiles. Default: the core
             count, at most 4.
         prefetch_rows: Grid rows each request keeps read ahead of the model (default 2).
-        preprocess: Where the cast, normalisation and cutting into patches run: ``host``
-            (numpy, in the reader pool) or ``device`` (torch on the model's device, fed raw
-            uint16 rows). Default ``auto``: ``device`` on CUDA, else ``host``.
+        preprocess: Where the cast, normalisation and cutting into patches run, and where
+            output patches are stitched: ``host`` (numpy; cutting in the reader pool) or
+            ``device`` (torch on the model's device: raw uint16 rows go in, only finished
+            output rows come back). Default ``auto``: ``device`` on CUDA, else ``host``.
         cross_request_batching: Fill batches from several requests (on by default); off, a
             batch holds one request's patches only (the baseline the server benchmark uses).
         streaming: Hand each band of finished output rows to the writer as soon as it is final
@@ -310,8 +311,20 @@ class Engine:
             reader=self._reader,
             prefetch_rows=self.prefetch_rows,
             cut_on=self.device if self.preprocess == "device" else None,
+            stitch_on=self._stitch_device(out_proc or self.out_proc),
             priority=priority,
         )
+
+    def _stitch_device(self, out_proc: OutputProcessor) -> torch.device | None:
+        """Where a request's canvas lives: on the device with ``preprocess="device"``.
+
+        Not when its output processor hooks into each patch (``prepare_patch`` takes numpy).
+        """
+        if self.preprocess != "device":
+            return None
+        if type(out_proc).prepare_patch is not OutputProcessor.prepare_patch:
+            return None
+        return self.device
 
     def prepare_request(
         self,
@@ -510,19 +523,26 @@ class Engine:
             )
             return
         share = (time.perf_counter() - t0) / len(batch)
-        for patch, result in zip(batch, out, strict=False):
+        host: NDArray[np.float32] | None = None
+        for i, patch in enumerate(batch):
             req = patch.request
             req.in_flight -= 1
             if req.error is not None:
                 continue
             t1 = time.perf_counter()
+            if req.canvas.device is not None:
+                result: Any = out[i]  # stays on the device
+            else:
+                if host is None:  # one copy of the batch back to the host, if anyone needs it
+                    host = cast(NDArray[np.float32], out.cpu().numpy())
+                result = req.out_proc.prepare_patch(host[i])
             req.out_channels = result.shape[0]
-            req.canvas.add(patch.row, patch.col, req.out_proc.prepare_patch(result))
+            req.canvas.add(patch.row, patch.col, result)
             req.stitched += 1
             req.timings.stitch += time.perf_counter() - t1
             req.timings.model += share
 
-    def _forward_fitting(self, batch: list[Patch]) -> NDArray[np.float32]:
+    def _forward_fitting(self, batch: list[Patch]) -> torch.Tensor:
         """:meth:`_forward`, splitting the batch in two while the device runs out of memory."""
         try:
             return self._forward(batch)
@@ -540,9 +560,10 @@ class Engine:
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
         parts = [self._forward_fitting(batch[:half]), self._forward_fitting(batch[half:])]
-        return np.concatenate(parts)
+        return torch.cat(parts)
 
-    def _forward(self, batch: list[Patch]) -> NDArray[np.float32]:
+    def _forward(self, batch: list[Patch]) -> torch.Tensor:
+        """One forward pass: (B, C_out, P, P) float32 on the model's device."""
         x = _stack([p.data for p in batch], self.device)
         kwargs: dict[str, Any] = {}
         for key in batch[0].request.ctx.model_kwargs:
@@ -573,7 +594,7 @@ class Engine:
                 f"model {self.spec.name!r} returned shape {tuple(y.shape)} for input "
                 f"{tuple(x.shape)}; expected (batch={x.shape[0]}, channels, {p}, {p})"
             )
-        return cast(NDArray[np.float32], y.float().cpu().numpy())
+        return y.float()
 
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
         if self.dtype is None:

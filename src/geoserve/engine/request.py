@@ -68,6 +68,7 @@ class Request:
     reader: Executor | None = None
     prefetch_rows: int = 2
     cut_on: torch.device | None = None
+    stitch_on: torch.device | None = None
     priority: int = 0
     arrival: float = field(default_factory=time.monotonic)
     stitched: int = 0
@@ -75,7 +76,7 @@ class Request:
     _rows: RowPrefetcher[PatchRow] = field(init=False)
 
     def __post_init__(self) -> None:
-        self.canvas = Canvas(self.ctx.grid)
+        self.canvas = Canvas(self.ctx.grid, self.stitch_on)
         self._rows = RowPrefetcher(
             self._read_row, self.ctx.grid.rows, self.reader, self.prefetch_rows
         )

@@ -12,13 +12,19 @@ final: :meth:`Canvas.take_finished` hands them out and drops them. Memory theref
 the image width times a few patch heights, never with the scene's area, and the output can be
 written while the model is still running. Taking everything at the end instead gives the same
 numbers bit for bit (the same sums in the same order); that is the in-memory mode.
+
+With a ``device``, the accumulator lives there as a torch tensor (on a GPU: next to the model's
+outputs, which then never leave it), and only finished rows are copied back to the host. The
+arithmetic is the same float32 operations in the same order, so the result is the same.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
+import torch
 from numpy.typing import NDArray
 
 from geoserve.raster.grid import PatchGrid
@@ -42,12 +48,15 @@ class RowBand:
 class Canvas:
     """Accumulates one request's output patches over its open rows; see the module docstring."""
 
-    def __init__(self, grid: PatchGrid) -> None:
+    def __init__(self, grid: PatchGrid, device: torch.device | None = None) -> None:
         self.grid = grid
+        self.device = device
         self._exact = grid.blend in ("center", "none")
         self._top = 0  # image row held in buffer row 0 (every row above it has been taken)
-        self._acc: NDArray[np.float32] | None = None  # (C, rows held, W)
-        self._wsum: NDArray[np.float32] | None = None  # (rows held, W), blending modes only
+        # numpy arrays on the host, or torch tensors on ``device``
+        self._acc: Any = None  # (C, rows held, W)
+        self._wsum: Any = None  # (rows held, W), blending modes only
+        self._w: Any = None  # the patch blend weights, on the device
         self._valid: NDArray[np.bool_] | None = None  # (rows held, W), once any pixel is invalid
         self._pending: dict[int, int] = {}  # grid row -> patches not yet stitched
         self._complete = 0  # grid rows 0 .. _complete-1 are complete
@@ -59,7 +68,19 @@ class Canvas:
         """Image rows currently held in memory (for tests and metrics)."""
         return 0 if self._acc is None else self._acc.shape[1]
 
-    def _ensure(self, channels: int, stop: int) -> NDArray[np.float32]:
+    def _zeros(self, *shape: int) -> Any:
+        if self.device is None:
+            return np.zeros(shape, dtype=np.float32)
+        return torch.zeros(shape, dtype=torch.float32, device=self.device)
+
+    def _weights(self) -> Any:
+        if self.device is None:
+            return self.grid.weights()
+        if self._w is None:
+            self._w = torch.from_numpy(self.grid.weights().copy()).to(self.device)
+        return self._w
+
+    def _ensure(self, channels: int, stop: int) -> Any:
         """Make the buffer hold image rows ``[_top, stop)``; grows by whole patch heights."""
         g = self.grid
         need = min(stop, g.height) - self._top
@@ -67,12 +88,12 @@ class Canvas:
             return self._acc
         held = self.rows_held
         cap = min(g.height - self._top, max(need, held + g.patch_size))
-        acc = np.zeros((channels, cap, g.width), dtype=np.float32)
+        acc = self._zeros(channels, cap, g.width)
         if self._acc is not None:
             acc[:, :held] = self._acc
         self._acc = acc
         if not self._exact:
-            wsum = np.zeros((cap, g.width), dtype=np.float32)
+            wsum = self._zeros(cap, g.width)
             if self._wsum is not None:
                 wsum[:held] = self._wsum
             self._wsum = wsum
@@ -108,8 +129,11 @@ class Canvas:
 
     # -- output side -----------------------------------------------------------------------
 
-    def add(self, row: int, col: int, patch: NDArray[np.float32]) -> None:
-        """Place output patch (C, P, P) of grid cell (row, col)."""
+    def add(self, row: int, col: int, patch: NDArray[np.float32] | torch.Tensor) -> None:
+        """Place output patch (C, P, P) of grid cell (row, col).
+
+        The patch is a tensor on the canvas's device when it has one.
+        """
         g = self.grid
         r0, c0 = g.origin(row, col)
         if self._exact:
@@ -125,7 +149,7 @@ class Canvas:
             cs, ce = max(c0, 0), min(c0 + g.patch_size, g.width)
             acc = self._ensure(patch.shape[0], re_)
             assert self._wsum is not None
-            w = g.weights()[rs - r0 : re_ - r0, cs - c0 : ce - c0]
+            w = self._weights()[rs - r0 : re_ - r0, cs - c0 : ce - c0]
             ts, te = rs - self._top, re_ - self._top
             acc[:, ts:te, cs:ce] += patch[:, rs - r0 : re_ - r0, cs - c0 : ce - c0] * w
             self._wsum[ts:te, cs:ce] += w
@@ -162,9 +186,16 @@ class Canvas:
         if n <= 0 or (n < min_rows and not self.complete):
             return None
         acc = self._ensure(channels, stop)
-        data = acc[:, :n].copy()
-        if self._wsum is not None:
-            np.divide(data, self._wsum[:n], out=data, where=self._wsum[:n] > 0)
+        if self.device is None:
+            data = acc[:, :n].copy()
+            if self._wsum is not None:
+                np.divide(data, self._wsum[:n], out=data, where=self._wsum[:n] > 0)
+        else:  # the same division on the device; only the finished rows come back
+            rows = acc[:, :n]
+            if self._wsum is not None:
+                wsum = self._wsum[:n]
+                rows = torch.where(wsum > 0, rows / wsum, rows)
+            data = rows.cpu().numpy().copy()
         valid = None
         if self._valid is not None:
             self._valid_grow(stop)
@@ -182,7 +213,8 @@ class Canvas:
                 continue
             rows = buf.shape[-2]
             keep = max(0, rows - n)
-            buf[..., :keep, :] = buf[..., n : n + keep, :].copy()
+            moved = buf[..., n : n + keep, :]
+            buf[..., :keep, :] = moved.clone() if isinstance(moved, torch.Tensor) else moved.copy()
             buf[..., keep:, :] = fill
         self._top += n
         # the buffer never needs to reach past the image: shrink it near the bottom
