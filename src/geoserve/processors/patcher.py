@@ -13,6 +13,7 @@ patches, so memory stays at (patch rows x width) per input regardless of scene h
 from __future__ import annotations
 
 import dataclasses
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -210,6 +211,19 @@ class GeoTiffPatcher(InputProcessor):
         order; the tests compare them bit for bit on CPU tensors).
         """
         band = self.read_band(sources, ctx, row)
+        if device.type != "cuda":
+            patches = self._cut_on(band, ctx, device)
+        else:
+            # on the reader thread's own stream, so the copy and the cutting overlap the
+            # model's kernels on the default stream; the patches are then marked as used there
+            stream = _reader_stream(device)
+            with torch.cuda.stream(stream):
+                patches = self._cut_on(band, ctx, device)
+            patches.record_stream(torch.cuda.default_stream(device))
+            stream.synchronize()
+        return PatchRow(row=row, cols=band.cols, patches=patches, core_valid=band.core_valid)
+
+    def _cut_on(self, band: RawBand, ctx: RasterContext, device: torch.device) -> torch.Tensor:
         raw = torch.from_numpy(np.ascontiguousarray(band.raw))
         if device.type == "cuda":
             raw = raw.pin_memory()
@@ -228,8 +242,7 @@ class GeoTiffPatcher(InputProcessor):
         patches = torch.movedim(patches, -2, 0)
         if len(band.cols) < ctx.grid.cols:
             patches = patches[torch.tensor(band.cols, device=device, dtype=torch.long)]
-        patches = patches.contiguous()
-        return PatchRow(row=row, cols=band.cols, patches=patches, core_valid=band.core_valid)
+        return patches.contiguous()
 
     def read_band(self, sources: Sequence[RasterSource], ctx: RasterContext, row: int) -> RawBand:
         """The raw rows under grid row ``row``, their invalid pixels, and the patch columns.
@@ -302,6 +315,20 @@ class GeoTiffPatcher(InputProcessor):
             "tags": {"ACQUISITION_DATE": "2020-06-01"},
         }
         return RasterArray(data, profile, name="<dummy>")
+
+
+_streams = threading.local()
+
+
+def _reader_stream(device: torch.device) -> torch.cuda.Stream:
+    """The calling thread's CUDA side stream for ``device`` (one per thread and device)."""
+    streams = getattr(_streams, "by_device", None)
+    if streams is None:
+        streams = _streams.by_device = {}
+    if device not in streams:
+        streams[device] = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
+    stream: torch.cuda.Stream = streams[device]
+    return stream
 
 
 def _take(arr: NDArray[Any], idx: NDArray[np.intp], axis: int) -> NDArray[Any]:
