@@ -16,7 +16,7 @@ import rasterio
 from rio_cogeo.cogeo import cog_validate
 
 from geoserve import Engine
-from tests.conftest import FLOOD, LAKE, RGB, needs_shared, read
+from tests.conftest import FLOOD, HLS, LAKE, RGB, needs_shared, read
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -46,6 +46,13 @@ def _same_output(a: Path, b: Path) -> None:
         ),
         pytest.param(
             "identity", RGB, {"blend": "mean", "stride": 48}, marks=needs_shared(RGB), id="rgb"
+        ),
+        pytest.param(
+            "identity",
+            HLS,
+            {"blend": "cosine", "patch_size": 64, "stride": 40},
+            marks=needs_shared(HLS),
+            id="hls-float-nodata",
         ),
     ],
 )

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import base64
+import concurrent.futures
 import os
 import re
 import signal
@@ -200,3 +202,28 @@ def test_sigterm_drains_in_flight_and_refuses_new(tmp_path):
             proc.kill()
         output = proc.communicate()[0]
     assert "draining" in output
+
+
+def test_timed_out_path_output_leaves_no_file(tmp_path, monkeypatch):
+    """A request that times out mid-scene has its temporary output removed with its work."""
+    monkeypatch.setenv("GEOSERVE_TEST_SLOW", "0.02")
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    raw = base64.b64encode(scene(tmp_path, "s.tif", 320)).decode()  # 400 patches, ~8 s
+    with running_server(
+        model="test-slow", request_timeout_s=1.5, max_batch_patches=4, output_dir=out_dir
+    ) as url:
+        body = {"data": raw, "data_format": "b64_json", "out_data_format": "path"}
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            pending = pool.submit(httpx.post, f"{url}/v1/images", json=body, timeout=30)
+            seen = False
+            while not pending.done():
+                seen = seen or any(out_dir.iterdir())  # rows are being written
+                time.sleep(0.01)
+            resp = pending.result()
+        assert seen
+        assert resp.status_code == 504
+        deadline = time.monotonic() + 10
+        while any(out_dir.iterdir()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert list(out_dir.iterdir()) == []
