@@ -22,16 +22,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import rasterio
 import torch
 
-from geoserve import (
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _scenes import write_scene  # noqa: E402
+
+from geoserve import (  # noqa: E402
     INPUT_REGISTRY,
     MODEL_REGISTRY,
     OUTPUT_REGISTRY,
@@ -39,35 +41,7 @@ from geoserve import (
     GeoTiffPatcher,
     SegmentationReassembler,
 )
-from geoserve.models.prithvi import PrithviSegmentation, encoder_kwargs
-
-
-def make_scene(path: Path, size: int) -> None:
-    profile = {
-        "driver": "GTiff",
-        "width": size,
-        "height": size,
-        "count": 6,
-        "dtype": "uint16",
-        "tiled": True,
-        "blockxsize": 256,
-        "blockysize": 256,
-        "compress": "deflate",
-        "predictor": 2,
-        "NUM_THREADS": "ALL_CPUS",
-        "BIGTIFF": "YES",
-        "crs": "EPSG:32633",
-        "transform": rasterio.Affine(10, 0, 300000, 0, -10, 5900000),
-    }
-    rng = np.random.default_rng(0)
-    x = np.arange(size, dtype=np.int64)
-    with rasterio.open(path, "w", **profile) as dst:
-        for r0 in range(0, size, 1024):
-            rows = np.arange(r0, min(size, r0 + 1024), dtype=np.int64)[:, None]
-            base = (x[None, :] * 7 + rows * 3) % 2500 + 200
-            noise = rng.integers(0, 64, (6, len(rows), size))
-            data = (base[None] + noise + np.arange(6)[:, None, None] * 300).astype(np.uint16)
-            dst.write(data, window=((r0, r0 + len(rows)), (0, size)))
+from geoserve.models.prithvi import PrithviSegmentation, encoder_kwargs  # noqa: E402
 
 
 def register(variant: str) -> str:
@@ -137,7 +111,7 @@ def main() -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         scene = Path(tmp) / "scene.tif"
         t0 = time.perf_counter()
-        make_scene(scene, args.size)
+        write_scene(scene, args.size)
         report["scene_write_s"] = round(time.perf_counter() - t0, 1)
         t0 = time.perf_counter()
         engine = Engine(

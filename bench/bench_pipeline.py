@@ -51,6 +51,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(ROOT))
 from _docs import update_section  # noqa: E402
+from _scenes import write_scene  # noqa: E402
 
 from geoserve import (  # noqa: E402
     INPUT_REGISTRY,
@@ -111,35 +112,7 @@ def synthetic_scene(size: int) -> Path:
     """A size x size x 6 uint16 scene, tiled 256, DEFLATE: cached under bench/results/scenes."""
     SCENES.mkdir(parents=True, exist_ok=True)
     path = SCENES / f"scene_{size}.tif"
-    if path.exists():
-        return path
-    profile = {
-        "driver": "GTiff",
-        "width": size,
-        "height": size,
-        "count": 6,
-        "dtype": "uint16",
-        "tiled": True,
-        "blockxsize": 256,
-        "blockysize": 256,
-        "compress": "deflate",
-        "predictor": 2,
-        "BIGTIFF": "YES",
-        "crs": "EPSG:32633",
-        "transform": rasterio.Affine(10, 0, 300000, 0, -10, 5900000),
-    }
-    rng = np.random.default_rng(size)
-    x = np.arange(size, dtype=np.int64)
-    tmp = path.with_suffix(".part")
-    with rasterio.open(tmp, "w", **profile) as dst:
-        for r0 in range(0, size, 1024):
-            rows = np.arange(r0, min(size, r0 + 1024), dtype=np.int64)[:, None]
-            base = (x[None, :] * 7 + rows * 3) % 2500 + 200
-            noise = rng.integers(0, 64, (6, len(rows), size))
-            data = (base[None] + noise + np.arange(6)[:, None, None] * 300).astype(np.uint16)
-            dst.write(data, window=((r0, r0 + len(rows)), (0, size)))
-    tmp.rename(path)
-    return path
+    return path if path.exists() else write_scene(path, size, seed=size)
 
 
 # -- part 1: pre-processing alone --------------------------------------------------------------

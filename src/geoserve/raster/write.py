@@ -260,12 +260,21 @@ def write_geotiff(
     Raises:
         OutputWriteError: naming the path, if the directory is missing or the write fails.
     """
+    result = _write_whole(path, out, source_profile, cog)
+    assert isinstance(result, Path)
+    return result
+
+
+def _write_whole(
+    path: str | os.PathLike[str] | None,
+    out: OutputRaster,
+    source_profile: Mapping[str, Any],
+    cog: bool,
+) -> Path | bytes:
     _, height, width = out.data.shape
     writer = RowWriter(path, source_profile, height, width, cog=cog)
     writer.write(0, out)
-    result = writer.commit()
-    assert isinstance(result, Path)
-    return result
+    return writer.commit()
 
 
 def _write_categories(path: Path, names: Sequence[str]) -> None:
@@ -290,9 +299,6 @@ def geotiff_bytes(
     out: OutputRaster, source_profile: Mapping[str, Any], *, cog: bool = False
 ) -> bytes:
     """Encode ``out`` as GeoTIFF bytes in memory."""
-    _, height, width = out.data.shape
-    writer = RowWriter(None, source_profile, height, width, cog=cog)
-    writer.write(0, out)
-    result = writer.commit()
+    result = _write_whole(None, out, source_profile, cog)
     assert isinstance(result, bytes)
     return result
