@@ -185,6 +185,8 @@ def test_info_describes_the_file_and_checks_a_model(tmp_path):
     assert "pixel:     10 x 10 m" in res.stdout
     assert "date:      2017-02-16" in res.stdout
     assert "band  8:   B8A" in res.stdout
+    assert "layout:    tiles of 256 x 256, deflate" in res.stdout
+    assert "layout:    strips of 3 row(s), uncompressed" in run("info", str(RGB)).stdout
     fits = run("info", str(LAKE), "--model", "demo-water")
     assert fits.returncode == 0
     assert (

@@ -497,6 +497,7 @@ def _cmd_info(args: argparse.Namespace) -> int:
         else:
             print("crs:       none (not georeferenced)")
         print(f"nodata:    {info.nodata if info.nodata is not None else 'none declared'}")
+        print(f"layout:    {_layout(info.profile)}")
         try:
             print(f"date:      {acquisition_date(info).isoformat()}")
         except GeoServeError:
@@ -506,6 +507,17 @@ def _cmd_info(args: argparse.Namespace) -> int:
         if not args.model:
             return 0
         return _check_fit(args.model, src)
+
+
+def _layout(profile: Any) -> str:
+    """How the pixels are stored (blocks are the unit GDAL decodes)."""
+    compress = str(profile.get("compress") or "uncompressed").lower()
+    if profile.get("tiled"):
+        return f"tiles of {profile['blockxsize']} x {profile['blockysize']}, {compress}"
+    rows = profile.get("blockysize")
+    if rows is None:
+        return "in memory"
+    return f"strips of {rows} row(s), {compress}"
 
 
 def _check_fit(model: str, src: Any) -> int:
