@@ -86,3 +86,38 @@ def test_engine_outputs_equal_with_device_preprocessing(make_geotiff, model):
             assert on == (torch.device("cpu") if where == "device" else None)
             outs.append(engine.generate_image(path, out_format="tensor").outputs.tensor)
     assert outs[0].equal(outs[1])
+
+
+@pytest.mark.parametrize("n_classes", [2, 300])
+def test_class_map_reduced_on_the_device_equals_the_host_argmax(n_classes):
+    from geoserve import SegmentationReassembler
+
+    rng = np.random.default_rng(n_classes)
+    logits = rng.integers(-2, 3, (n_classes, 20, 30)).astype(np.float32)  # many exact ties
+    valid = rng.random((20, 30)) > 0.1
+    proc = SegmentationReassembler(classes=tuple(f"c{i}" for i in range(n_classes)))
+    ctx = _ctx(20, 30)
+    host = proc.finalize(logits.copy(), valid, ctx)
+    reduced = proc.reduce_rows(torch.from_numpy(logits)).numpy()
+    assert reduced.shape == (1, 20, 30)
+    assert reduced.itemsize < logits.itemsize * n_classes  # less to copy back
+    device = proc.finalize(reduced, valid, ctx)
+    np.testing.assert_array_equal(device.data, host.data)
+    assert device.nodata == host.nodata
+    assert device.data.dtype == host.data.dtype
+    probs = proc.for_kind("probabilities")
+    assert probs.reduce_rows(torch.from_numpy(logits)).shape == logits.shape  # nothing to reduce
+
+
+def _ctx(height, width):
+    from geoserve.processors.base import RasterContext
+    from geoserve.raster.grid import PatchGrid
+
+    return RasterContext(
+        grid=PatchGrid(height, width, 16, 16, "none"),
+        names=("<test>",),
+        bands=(0,),
+        band_names=("b",),
+        profile={},
+        has_nodata=True,
+    )

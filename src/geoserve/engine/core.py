@@ -480,7 +480,8 @@ class Engine:
             # has said how many channels it returns, unless the output processor fixes it)
             min_rows = 1 if self.streaming else req.ctx.grid.height
             channels = req.out_channels or fixed or 1
-            band = req.canvas.take_finished(channels, min_rows=min_rows)
+            reduce = req.out_proc.reduce_rows if req.tensor_shape is None else None
+            band = req.canvas.take_finished(channels, min_rows=min_rows, reduce=reduce)
         if band is not None:
             req.writes.append(self._writer.submit(self._write_band, req, band))
         try:

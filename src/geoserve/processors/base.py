@@ -131,6 +131,15 @@ class OutputProcessor(ABC, Configurable):
         """Hook applied to each output patch (C, P, P) before blending; no-op by default."""
         return patch
 
+    def reduce_rows(self, blended: torch.Tensor) -> torch.Tensor:
+        """The per-pixel part of :meth:`finalize`, in torch, on the device; identity by default.
+
+        Runs where rows were stitched on the device, before they are copied back. An
+        override must leave :meth:`finalize` able to take both its result and unreduced rows
+        (from a host canvas), giving the same output for both.
+        """
+        return blended
+
     @abstractmethod
     def finalize(
         self,

@@ -20,6 +20,7 @@ arithmetic is the same float32 operations in the same order, so the result is th
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,12 +37,13 @@ class RowBand:
 
     Attributes:
         row: First image row of the band.
-        data: Blended (C, rows, W) float32 output.
+        data: Blended (C, rows, W) float32 output, or what the output processor's
+            ``reduce_rows`` made of it on the device.
         valid: (rows, W) mask of valid input pixels, or ``None`` when all are valid.
     """
 
     row: int
-    data: NDArray[np.float32]
+    data: NDArray[Any]
     valid: NDArray[np.bool_] | None
 
 
@@ -174,12 +176,21 @@ class Canvas:
         limit = self._complete * g.stride - (0 if self._exact else g.margin)
         return max(0, min(limit, g.height))
 
-    def take_finished(self, channels: int, *, min_rows: int = 1) -> RowBand | None:
+    def take_finished(
+        self,
+        channels: int,
+        *,
+        min_rows: int = 1,
+        reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    ) -> RowBand | None:
         """Hand out (and forget) the final rows not taken yet.
 
         Returns ``None`` unless there are at least ``min_rows`` of them or the image is complete.
 
         ``channels`` sizes the output when no patch was ever added (an all-nodata image).
+        ``reduce`` runs on the device canvas's blended rows before they are copied back (e.g.
+        argmax: one byte per pixel crosses instead of one float per class); a host canvas
+        ignores it.
         """
         stop = self.final_rows()
         n = stop - self._top
@@ -195,6 +206,8 @@ class Canvas:
             if self._wsum is not None:
                 wsum = self._wsum[:n]
                 rows = torch.where(wsum > 0, rows / wsum, rows)
+            if reduce is not None:
+                rows = reduce(rows)
             data = rows.cpu().numpy().copy()
         valid = None
         if self._valid is not None:

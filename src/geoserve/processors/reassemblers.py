@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 from numpy.typing import NDArray
 
 from geoserve.errors import ConfigError
@@ -76,6 +77,16 @@ class SegmentationReassembler(OutputProcessor):
         _check_kind(kind, OUTPUT_KINDS, "segmentation")
         return dataclasses.replace(self, kind=kind)  # type: ignore[arg-type]
 
+    def reduce_rows(self, blended: torch.Tensor) -> torch.Tensor:
+        """Class maps: the argmax on the device, one small integer per pixel to copy back.
+
+        Ties go to the first class, as with numpy's argmax on the host.
+        """
+        if self.kind != "classes":
+            return blended
+        small = len(self.classes) <= 256
+        return blended.argmax(dim=0, keepdim=True).to(torch.uint8 if small else torch.int32)
+
     def finalize(
         self,
         blended: NDArray[np.float32],
@@ -89,7 +100,9 @@ class SegmentationReassembler(OutputProcessor):
             n = len(self.classes)
             dtype = np.uint8 if n < 255 else np.uint16
             nodata = int(np.iinfo(dtype).max)
-            out = blended.argmax(axis=0).astype(dtype)[np.newaxis]
+            # class indices already taken on the device (see reduce_rows), or logits
+            index = blended[0] if blended.dtype.kind in "iu" else blended.argmax(axis=0)
+            out = index.astype(dtype)[np.newaxis]
             if valid is not None:
                 out[0, ~valid] = nodata
             colors = self.colors or tuple(PALETTE[i % len(PALETTE)] for i in range(n))
