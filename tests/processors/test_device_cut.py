@@ -121,3 +121,25 @@ def _ctx(height, width):
         profile={},
         has_nodata=True,
     )
+
+
+def test_a_failing_reduce_on_the_device_fails_the_request_alone(make_geotiff):
+    import dataclasses
+
+    from geoserve import SegmentationReassembler
+
+    @dataclasses.dataclass(frozen=True)
+    class Broken(SegmentationReassembler):
+        def reduce_rows(self, blended):
+            raise RuntimeError("bug in reduce_rows")
+
+    src = make_geotiff(bands=3, height=40, width=40)
+    with Engine("test-seg", preprocess="device") as engine:
+        good = engine.out_proc
+        engine.out_proc = Broken(classes=good.classes)
+        failed = engine.generate_image([src], out_format="tensor")[0]
+        assert failed.error is not None
+        assert "output processing failed" in str(failed.error)
+        assert "bug in reduce_rows" in str(failed.error)
+        engine.out_proc = good
+        assert engine.generate_image(src, out_format="tensor").ok

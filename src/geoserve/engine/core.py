@@ -322,7 +322,7 @@ class Engine:
         """
         if self.preprocess != "device":
             return None
-        if type(out_proc).prepare_patch is not OutputProcessor.prepare_patch:
+        if getattr(type(out_proc), "prepare_patch", None) is not OutputProcessor.prepare_patch:
             return None
         return self.device
 
@@ -472,25 +472,31 @@ class Engine:
     # -- output rows -------------------------------------------------------------------------
 
     def _emit(self, req: Request) -> None:
-        """Queue the request's newly final output rows on the writer thread."""
-        fixed = req.out_proc.out_channels
-        band = None
-        if req.out_channels or fixed or req.canvas.complete:
-            # (rows that finished before any patch did, e.g. all nodata, wait until the model
-            # has said how many channels it returns, unless the output processor fixes it)
-            min_rows = 1 if self.streaming else req.ctx.grid.height
-            channels = req.out_channels or fixed or 1
-            reduce = req.out_proc.reduce_rows if req.tensor_shape is None else None
-            band = req.canvas.take_finished(channels, min_rows=min_rows, reduce=reduce)
-        if band is not None:
-            req.writes.append(self._writer.submit(self._write_band, req, band))
+        """Queue the request's newly final output rows on the writer thread.
+
+        Anything that goes wrong here (an output processor's bug, a failed write) fails this
+        request alone.
+        """
         try:
+            fixed = req.out_proc.out_channels
+            if req.out_channels or fixed or req.canvas.complete:
+                # (rows that finished before any patch did, e.g. all nodata, wait until the
+                # model has said how many channels it returns, unless the output processor
+                # fixes it)
+                min_rows = 1 if self.streaming else req.ctx.grid.height
+                channels = req.out_channels or fixed or 1
+                reduce = None
+                if req.tensor_shape is None:  # duck-typed processors may not have it
+                    reduce = getattr(req.out_proc, "reduce_rows", None)
+                band = req.canvas.take_finished(channels, min_rows=min_rows, reduce=reduce)
+                if band is not None:
+                    req.writes.append(self._writer.submit(self._write_band, req, band))
             while req.writes and (req.writes[0].done() or len(req.writes) > MAX_PENDING_WRITES):
                 req.writes.popleft().result()  # back-pressure, and the writer's errors
         except GeoServeError as exc:
             self._fail(req, exc)
         except Exception as exc:
-            logger.exception("writing request %s failed", req.request_id)
+            logger.exception("output of request %s failed", req.request_id)
             self._fail(req, _output_failed(req, exc))
 
     @staticmethod
