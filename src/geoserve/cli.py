@@ -325,6 +325,26 @@ def _cmd_models(args: argparse.Namespace) -> int:
     return 0
 
 
+def _engine_options(args: argparse.Namespace) -> dict[str, Any]:
+    """``predict``'s engine options, the same for a local run and on Ray."""
+    return {
+        "weights": args.weights,
+        "device": args.device,
+        "dtype": args.dtype,
+        "patch_size": args.patch_size,
+        "stride": args.stride,
+        "blend": args.blend,
+        "bands": args.bands,
+        "output_kind": args.output_kind,
+        "max_batch_patches": args.batch_size,
+        "compile": args.compile,
+        "read_workers": args.read_workers,
+        "prefetch_rows": args.prefetch_rows,
+        "preprocess": args.preprocess,
+        "cog": args.cog,
+    }
+
+
 def _cmd_predict_ray(args: argparse.Namespace) -> int:
     from geoserve.distributed import SceneResult, run_batch
 
@@ -350,20 +370,7 @@ def _cmd_predict_ray(args: argparse.Namespace) -> int:
         cpus_per_actor=args.cpus_per_actor,
         gpus_per_actor=args.gpus_per_actor,
         on_result=show,
-        weights=args.weights,
-        device=args.device,
-        dtype=args.dtype,
-        patch_size=args.patch_size,
-        stride=args.stride,
-        blend=args.blend,
-        bands=args.bands,
-        output_kind=args.output_kind,
-        max_batch_patches=args.batch_size,
-        compile=args.compile,
-        read_workers=args.read_workers,
-        prefetch_rows=args.prefetch_rows,
-        preprocess=args.preprocess,
-        cog=args.cog,
+        **_engine_options(args),
     )
     if not args.quiet:
         for result in summary.results:
@@ -378,23 +385,7 @@ def _cmd_predict(args: argparse.Namespace) -> int:
         return _cmd_predict_ray(args)
     from geoserve.engine import Engine
 
-    engine = Engine(
-        args.model,
-        weights=args.weights,
-        device=args.device,
-        dtype=args.dtype,
-        patch_size=args.patch_size,
-        stride=args.stride,
-        blend=args.blend,
-        bands=args.bands,
-        output_kind=args.output_kind,
-        max_batch_patches=args.batch_size,
-        compile=args.compile,
-        read_workers=args.read_workers,
-        prefetch_rows=args.prefetch_rows,
-        preprocess=args.preprocess,
-        cog=args.cog,
-    )
+    engine = Engine(args.model, **_engine_options(args))
     with engine:  # Ctrl-C closes it: unfinished outputs are removed, never left partial
         return _predict_all(engine, args)
 
