@@ -43,18 +43,26 @@ BANDS = (1, 2, 3, 8, 11, 12)
 REPEATS = 7
 
 
-@MODEL_REGISTRY.register_model("bench-conv", description="small seeded conv net (benchmark)")
-@INPUT_REGISTRY.register_input_processor(
-    GeoTiffPatcher(
-        bands=BANDS,
-        scale_factor=1e-4,
-        mean=(0.1,) * 6,
-        std=(0.05,) * 6,
-        patch_size=224,
-        stride=192,
+#: The benchmarks' normalisation and tiling (bench_pipeline.py feeds TerraTorch the same).
+SCALE, MEAN, STD = 1e-4, (0.1,) * 6, (0.05,) * 6
+PATCH, STRIDE = 224, 192
+
+
+def bench_patcher(bands: tuple[int, ...]) -> GeoTiffPatcher:
+    """Six bands, reflectance-scaled and normalised, 224 px patches at stride 192, centre crop."""
+    return GeoTiffPatcher(
+        bands=bands,
+        scale_factor=SCALE,
+        mean=MEAN,
+        std=STD,
+        patch_size=PATCH,
+        stride=STRIDE,
         blend="center",
     )
-)
+
+
+@MODEL_REGISTRY.register_model("bench-conv", description="small seeded conv net (benchmark)")
+@INPUT_REGISTRY.register_input_processor(bench_patcher(BANDS))
 @OUTPUT_REGISTRY.register_output_processor(SegmentationReassembler(classes=("land", "water")))
 class BenchConv(nn.Module):
     """Three 3x3 convolutions, 32 channels: a few hundred MFLOP per 224 px patch."""

@@ -52,6 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(ROOT))
 from _docs import update_section  # noqa: E402
 from _scenes import write_scene  # noqa: E402
+from bench_engine import BANDS, MEAN, PATCH, SCALE, STD, STRIDE, bench_patcher  # noqa: E402
 
 from geoserve import (  # noqa: E402
     INPUT_REGISTRY,
@@ -65,27 +66,12 @@ from geoserve import (  # noqa: E402
 RESULTS = ROOT / "bench" / "results"
 SCENES = RESULTS / "scenes"
 LAKE = ROOT / "data" / "S2_L1C_T33UUU_20170216T102101_13band_10m.tif"
-LAKE_BANDS = (1, 2, 3, 8, 11, 12)
-PATCH, STRIDE = 224, 192
-MEAN, STD, SCALE = (0.1,) * 6, (0.05,) * 6, 1e-4
 SIZES = (2048, 4096, 8192, 10980, 16384)
 TERRATORCH_MAX = 8192  # larger scenes would need >10 GB as tensors on this 24 GB machine
 
 
-def _patcher(bands: tuple[int, ...]) -> GeoTiffPatcher:
-    return GeoTiffPatcher(
-        bands=bands,
-        scale_factor=SCALE,
-        mean=MEAN,
-        std=STD,
-        patch_size=PATCH,
-        stride=STRIDE,
-        blend="center",
-    )
-
-
 @MODEL_REGISTRY.register_model("bench-1x1", description="seeded 1x1 convolution (benchmark)")
-@INPUT_REGISTRY.register_input_processor(_patcher((0, 1, 2, 3, 4, 5)))
+@INPUT_REGISTRY.register_input_processor(bench_patcher((0, 1, 2, 3, 4, 5)))
 @OUTPUT_REGISTRY.register_output_processor(SegmentationReassembler(classes=("land", "water")))
 class Pointwise(nn.Module):
     """6 bands -> 2 logits per pixel: almost no arithmetic, so the pipeline shows."""
@@ -100,7 +86,7 @@ class Pointwise(nn.Module):
 
 
 def _bench_conv() -> nn.Module:
-    from bench_engine import BenchConv  # registers bench-conv (the lake-scene patcher)
+    from bench_engine import BenchConv
 
     return BenchConv().eval()
 
@@ -240,7 +226,7 @@ def _peak_rss_mb() -> float:
 
 def _terratorch(src: str, dst: str, model_name: str, tiled: Any, model: nn.Module) -> None:
     """What a TerraTorch user writes: read the scene, normalise, tiled_inference, write."""
-    bands = LAKE_BANDS if model_name == "bench-conv" and Path(src).name == LAKE.name else None
+    bands = BANDS if model_name == "bench-conv" and Path(src).name == LAKE.name else None
     with rasterio.open(src) as ds:
         raw = ds.read([b + 1 for b in bands] if bands else None)
         profile = ds.profile
@@ -339,7 +325,7 @@ def _register_conv6() -> None:
         return
     conv = type(_bench_conv())
     MODEL_REGISTRY.register_model("bench-conv-6")(
-        INPUT_REGISTRY.register_input_processor(_patcher((0, 1, 2, 3, 4, 5)))(
+        INPUT_REGISTRY.register_input_processor(bench_patcher((0, 1, 2, 3, 4, 5)))(
             OUTPUT_REGISTRY.register_output_processor(
                 SegmentationReassembler(classes=("land", "water"))
             )(type("BenchConv6", (conv,), {}))

@@ -123,12 +123,6 @@ class RowWriter:
         self._buffer: list[NDArray[Any]] = []
         self._buffer_row = 0
         self._next_row = 0
-        self._done = False
-
-    @property
-    def meta(self) -> OutputRaster | None:
-        """The first band written (its dtype, count and metadata describe the whole raster)."""
-        return self._meta
 
     def _open(self, out: OutputRaster) -> None:
         profile = output_profile(self._source_profile, out, self.height, self.width)
@@ -207,7 +201,6 @@ class RowWriter:
         except (RasterioError, OSError) as exc:
             raise OutputWriteError(f"{self.name}: cannot write output ({exc})") from exc
         finally:
-            self._done = True
             self._cleanup()
 
     def _to_cog(self, src_name: str) -> str:
@@ -232,7 +225,6 @@ class RowWriter:
 
     def abort(self) -> None:
         """Drop everything written so far; nothing is left on disk. Safe to call twice."""
-        self._done = True
         if self._dst is not None and not self._dst.closed:
             with contextlib.suppress(Exception):
                 self._dst.close()
