@@ -99,7 +99,19 @@ def _model_options() -> argparse.ArgumentParser:
     perf.add_argument(
         "--cog", action="store_true", help="write Cloud-Optimized GeoTIFFs (tiles + overviews)"
     )
+    common.add_argument(
+        "--allowed-formats",
+        type=_formats,
+        default=["GTiff"],
+        metavar="F,F",
+        help="GDAL formats inputs may be in (default GTiff, which covers COG; also "
+        "JP2OpenJPEG, PNG, JPEG); anything else is refused unread",
+    )
     return common
+
+
+def _formats(text: str) -> list[str]:
+    return [f.strip() for f in text.split(",") if f.strip()]
 
 
 def _batch_size(text: str) -> int | str:
@@ -342,6 +354,7 @@ def _engine_options(args: argparse.Namespace) -> dict[str, Any]:
         "prefetch_rows": args.prefetch_rows,
         "preprocess": args.preprocess,
         "cog": args.cog,
+        "allowed_formats": args.allowed_formats,
     }
 
 

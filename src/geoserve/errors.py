@@ -79,6 +79,10 @@ class RasterReadError(GeoServeError, OSError):
     """Raised when an input raster is missing, unreadable, truncated or corrupt."""
 
 
+class InputFormatError(InputError):
+    """Raised when an input's content is not one of the allowed formats (a VRT, say)."""
+
+
 class BandMismatchError(GeoServeError, ValueError):
     """Raised when an input lacks bands the model needs (too few, or a name that is absent)."""
 
@@ -96,7 +100,11 @@ class ModelExecutionError(GeoServeError, RuntimeError):
 
 
 class OutputWriteError(GeoServeError, OSError):
-    """Raised when an output GeoTIFF cannot be written."""
+    """Raised when an output GeoTIFF cannot be written, finished or verified."""
+
+
+class OutputSpaceError(OutputWriteError):
+    """Raised when the output's file system is full (or the output would not fit on it)."""
 
 
 class PayloadTooLargeError(InputError):

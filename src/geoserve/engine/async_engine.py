@@ -71,6 +71,8 @@ class AsyncEngine:
         self._reserved: dict[str, int] = {}
         self._lock = threading.Lock()
         self._closing = False
+        #: Set if the engine loop itself died (never expected); the server then reports 503.
+        self.crashed: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="geoserve-engine", daemon=True)
         self._thread.start()
 
@@ -100,6 +102,7 @@ class AsyncEngine:
         output_kind: str | None = None,
         priority: int = 0,
         timeout: float | None = None,
+        deadline: float | None = None,
     ) -> ImageRequestOutput:
         """Run one request and return its output (a failure in the engine is in ``.error``).
 
@@ -108,8 +111,15 @@ class AsyncEngine:
 
         Cancelling the awaiting task (a client that disconnected) drops the request's queued
         patches. A request past ``timeout`` seconds is dropped and raises
-        :class:`RequestTimeoutError`.
+        :class:`RequestTimeoutError`; ``deadline`` (``time.monotonic()``) is the same for a
+        request that already spent part of its ``timeout`` (fetching its inputs).
         """
+        budget = timeout
+        if deadline is not None:
+            left = max(0.001, deadline - time.monotonic())
+            budget = left if budget is None else min(budget, left)
+        if self.crashed is not None:
+            raise _crash_error(self.crashed)
         if self._closing:
             raise ShuttingDownError("the engine is shutting down; retry on another replica")
         if self.queued_patches >= self.max_queued_patches:
@@ -137,7 +147,7 @@ class AsyncEngine:
         self._futures[request_id] = (loop, fut)
         self._inbox.put(("add", req))
         try:
-            return await asyncio.wait_for(asyncio.shield(fut), timeout)
+            return await asyncio.wait_for(asyncio.shield(fut), budget)
         except TimeoutError:
             self.abort(request_id)
             raise RequestTimeoutError(
@@ -188,23 +198,41 @@ class AsyncEngine:
     # -- engine thread ------------------------------------------------------------------------
 
     def _run(self) -> None:
-        while True:
-            block = not self.engine.has_unfinished()
-            if not self._take_inbox(block=block, timeout=None if block else 0.0):
-                break
-            if not self._wait_for_fill():
-                break
+        try:
+            while self._turn():
+                pass
+        except BaseException as exc:  # the loop itself broke: say so, and fail every waiter
+            self.crashed = exc
+            logger.critical("engine loop crashed; the server is no longer ready", exc_info=True)
+            for rid in list(self._futures):
+                self._resolve(ImageRequestOutput(rid, True, error=_crash_error(exc)))
+
+    def _turn(self) -> bool:
+        """One pass of the loop: take new work, run a step, hand out results; False to stop.
+
+        Any exception of a step fails the pending requests and the loop goes on, so one bad
+        request (or an engine bug it triggers) never stops the service.
+        """
+        block = not self.engine.has_unfinished()
+        if not self._take_inbox(block=block, timeout=None if block else 0.0):
+            return False
+        if not self._wait_for_fill():
+            return False
+        try:
+            results = self.engine.step()
+        except Exception as exc:  # the engine isolates request errors; this guards bugs
+            logger.exception("engine step failed")
+            self._fail_all(GeoServeError(f"internal engine error: {exc!r}"))
+            return True
+        batch = self.engine.last_batch_size
+        if batch and self.on_batch is not None:
             try:
-                results = self.engine.step()
-            except Exception as exc:  # the engine isolates request errors; this guards bugs
-                logger.exception("engine step failed")
-                self._fail_all(GeoServeError(f"internal engine error: {exc!r}"))
-                continue
-            batch = self.engine.last_batch_size
-            if batch and self.on_batch is not None:
                 self.on_batch(batch)
-            for result in results:
-                self._resolve(result)
+            except Exception:
+                logger.exception("batch callback failed")
+        for result in results:
+            self._resolve(result)
+        return True
 
     def _take_inbox(self, *, block: bool, timeout: float | None) -> bool:
         """Apply queued adds/aborts; False when asked to stop."""
@@ -217,7 +245,13 @@ class AsyncEngine:
             if kind == "stop":
                 return False
             if kind == "add":
-                self.engine.admit(payload)
+                try:
+                    self.engine.admit(payload)
+                except Exception as exc:
+                    logger.exception("admitting request %s failed", payload.request_id)
+                    payload.close()
+                    err = GeoServeError(f"admitting the request failed: {exc!r}")
+                    self._resolve(ImageRequestOutput(payload.request_id, True, error=err))
             elif kind == "abort":
                 self.engine.abort_request(payload)
                 self._release(payload)
@@ -247,7 +281,10 @@ class AsyncEngine:
     def _fail_all(self, error: GeoServeError) -> None:
         """Fail every pending request, so no caller waits forever after an engine bug."""
         for rid in self.engine.pending_ids():
-            self.engine.abort_request(rid)
+            try:
+                self.engine.abort_request(rid)
+            except Exception:
+                logger.exception("dropping request %s failed", rid)
         for rid in list(self._futures):
             self._resolve(ImageRequestOutput(rid, finished=True, error=error))
 
@@ -267,3 +304,7 @@ class AsyncEngine:
                 fut.set_result(result)
 
         loop.call_soon_threadsafe(settle)
+
+
+def _crash_error(exc: BaseException) -> ShuttingDownError:
+    return ShuttingDownError(f"the engine loop stopped ({exc!r}); retry on another replica")

@@ -53,6 +53,7 @@ from geoserve.raster.source import (
     limit_gdal_cache,
     open_raster,
 )
+from geoserve.raster.trust import DEFAULT_INPUT_FORMATS, check_formats
 from geoserve.raster.write import OutputRaster
 from geoserve.registry import ModelSpec
 from geoserve.schemas import (
@@ -110,6 +111,9 @@ class Engine:
             (on by default). Off, a request's whole output is held until its last patch, as the
             peer tools do; the numbers are identical, only memory differs.
         cog: Write ``path`` and encoded outputs as Cloud-Optimized GeoTIFFs.
+        allowed_formats: GDAL formats inputs may be in (default ``GTiff``, which covers COGs);
+            any other content is refused without being parsed (see
+            :mod:`geoserve.raster.trust`).
 
     Raises:
         UnknownModelError, ProcessorMismatchError, ConfigError, WeightsError: at start-up.
@@ -138,7 +142,9 @@ class Engine:
         preprocess: str = "auto",
         streaming: bool = True,
         cog: bool = False,
+        allowed_formats: Sequence[str] = DEFAULT_INPUT_FORMATS,
     ) -> None:
+        self.allowed_formats = check_formats(allowed_formats)
         self.spec, in_proc, out_proc = resolve_model(model)
         auto_batch = max_batch_patches == "auto"
         if not auto_batch and (not isinstance(max_batch_patches, int) or max_batch_patches < 1):
@@ -270,7 +276,11 @@ class Engine:
         sources = []
         try:
             for item in inputs:
-                sources.append(open_raster(item, data_format, threads=self.read_workers))
+                sources.append(
+                    open_raster(
+                        item, data_format, threads=self.read_workers, formats=self.allowed_formats
+                    )
+                )
             ctx = proc.prepare(sources)
         except BaseException as exc:
             for src in sources:
@@ -514,20 +524,38 @@ class Engine:
         req.timings.write += time.perf_counter() - t1
 
     def _run_batch(self, batch: list[Patch]) -> None:
+        """One forward pass and the stitching of its outputs.
+
+        A forward pass that raises is retried as two halves, down to single patches, so only
+        the requests whose own patches make the model fail are failed (a batch of B patches
+        with one poisoned patch costs about 2 log2(B) extra passes).
+        """
+        live = [p for p in batch if p.request.error is None]
+        for patch in batch:
+            if patch.request.error is not None:  # its request failed in an earlier half
+                patch.request.in_flight -= 1
+        if not live:
+            return
+        batch = live
         t0 = time.perf_counter()
         try:
             out = self._forward_fitting(batch)
-        except GeoServeError as exc:
-            self._fail_batch(batch, exc)
-            return
         except Exception as exc:
-            logger.exception("forward pass failed")
-            self._fail_batch(
-                batch,
-                ModelExecutionError(
-                    f"model {self.spec.name!r} failed on a batch of {len(batch)} patches: {exc!r}"
-                ),
-            )
+            if len(batch) > 1:
+                logger.warning(
+                    "forward pass of %d patches failed (%r); retrying each half", len(batch), exc
+                )
+                half = (len(batch) + 1) // 2
+                self._run_batch(batch[:half])
+                self._run_batch(batch[half:])
+                return
+            if not isinstance(exc, GeoServeError):
+                logger.exception("forward pass failed on a single patch")
+                exc = ModelExecutionError(
+                    f"model {self.spec.name!r} failed on a patch of this request "
+                    f"({batch[0].request.ctx.names[0]}): {exc!r}"
+                )
+            self._fail_batch(batch, exc)
             return
         share = (time.perf_counter() - t0) / len(batch)
         host: NDArray[np.float32] | None = None

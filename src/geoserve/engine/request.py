@@ -7,11 +7,13 @@ processor, so one processor instance serves any number of concurrent requests.
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +29,8 @@ from geoserve.processors.canvas import Canvas
 from geoserve.processors.patcher import GeoTiffPatcher
 from geoserve.raster.source import RasterSource
 from geoserve.schemas import OutFormat, StageTimings
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -144,16 +148,27 @@ class Request:
     def close(self) -> None:
         """Release inputs, queued patches and any unfinished output.
 
-        Waits for a read or write in progress to stop first; a committed output stays.
+        Waits for a read or write in progress to stop first; a committed output stays. Never
+        raises: it runs on every failure path, and whatever it cannot release (a temporary
+        file in a directory that turned read-only) is logged, not allowed to stop the engine.
         """
-        self._rows.close()
+        steps: list[Callable[[], object]] = [self._rows.close]
         while self.writes:
             fut = self.writes.popleft()
             fut.cancel()
-            with contextlib.suppress(Exception):
-                fut.result()
+            steps.append(partial(_settle, fut))
         if self.sink is not None:
-            self.sink.abort()
-        for src in self.sources:
-            src.close()
+            steps.append(self.sink.abort)
+        steps.extend(src.close for src in self.sources)
+        for step in steps:
+            try:
+                step()
+            except BaseException:
+                logger.exception("request %s: releasing it failed", self.request_id)
         self.queue.clear()
+
+
+def _settle(fut: Future[None]) -> None:
+    """Wait for a cancelled or running write to stop; its own error was already handled."""
+    with contextlib.suppress(Exception):  # a failed write already failed the request
+        fut.result()

@@ -36,9 +36,24 @@ from rasterio.errors import RasterioError
 from rasterio.io import MemoryFile
 from rasterio.windows import Window
 
-from geoserve.errors import BandMismatchError, InputError, NotGeoreferencedWarning, RasterReadError
+from geoserve.errors import (
+    BandMismatchError,
+    InputError,
+    InputFormatError,
+    NotGeoreferencedWarning,
+    RasterReadError,
+)
+from geoserve.raster.trust import (
+    DEFAULT_INPUT_FORMATS,
+    NOT_RASTER,
+    apply_http_defaults,
+    detect_format,
+    gdal_drivers,
+    input_env,
+    read_head,
+)
 
-DataFormat = Literal["auto", "path", "bytes", "b64"]
+DataFormat = Literal["auto", "path", "bytes", "b64", "url"]
 
 
 @dataclass(frozen=True)
@@ -153,27 +168,44 @@ class DatasetSource(RasterSource):
     """
 
     def __init__(
-        self, name: str, path: str | None = None, data: bytes | None = None, threads: int = 1
+        self,
+        name: str,
+        path: str | None = None,
+        data: bytes | None = None,
+        threads: int = 1,
+        formats: Sequence[str] = DEFAULT_INPUT_FORMATS,
     ) -> None:
         self._memfile: MemoryFile | None = None
         self._cache: NDArray[Any] | None = None
         self._cache_start = 0
         self._cache_bands: tuple[int, ...] = ()
         self.rows_decoded = 0  # rows read from the file (for tests: each block once)
-        options = {"NUM_THREADS": str(threads)} if threads > 1 else {}
+        apply_http_defaults()
+        options: dict[str, Any] = {"NUM_THREADS": str(threads)} if threads > 1 else {}
+        if data is not None:
+            self._memfile = MemoryFile(data)
         try:
-            with warnings.catch_warnings():  # geoserve issues its own, naming the input
+            with warnings.catch_warnings(), input_env():  # geoserve warns itself, naming it
                 warnings.simplefilter("ignore", rasterio.errors.NotGeoreferencedWarning)
-                if data is not None:
-                    self._memfile = MemoryFile(data)
-                    self._ds = self._memfile.open(**options)
-                else:
-                    with rasterio.Env(GDAL_DISABLE_READDIR_ON_OPEN="EMPTY_DIR"):
-                        self._ds = rasterio.open(path, **options)
+                self._ds = self._open_with(gdal_drivers(formats), path, options)
         except RasterioError as exc:
             self.close()
+            head = data[:4096] if data is not None else b""
+            if data is None and path is not None and not path.startswith("/vsi"):
+                head = read_head(path)
+            fmt, what = detect_format(head)
+            if fmt in NOT_RASTER:
+                raise RasterReadError(f"{name}: not a readable raster ({what})") from exc
+            if fmt not in formats and not (fmt == "GTiff" and "COG" in formats):
+                raise InputFormatError(
+                    f"{name}: the content is {what} (format {fmt}); allowed input formats: "
+                    f"{', '.join(formats)}"
+                ) from None
             raise RasterReadError(f"{name}: not a readable raster ({exc})") from exc
         ds = self._ds
+        if ds.driver not in gdal_drivers(formats):  # belt and braces: GDAL honoured the list
+            self.close()
+            raise InputFormatError(f"{name}: format {ds.driver} is not allowed")
         self.info = RasterInfo(
             name=name,
             width=ds.width,
@@ -195,6 +227,18 @@ class DatasetSource(RasterSource):
             raise
         _warn_if_not_georeferenced(self.info)
         self._block_rows = max(1, int(ds.block_shapes[0][0]))
+
+    def _open_with(self, drivers: list[str], path: str | None, options: dict[str, Any]) -> Any:
+        """Open with each allowed driver in turn: never GDAL's own sniffing of the content."""
+        for i, driver in enumerate(drivers):
+            try:
+                if self._memfile is not None:
+                    return self._memfile.open(driver=driver, **options)
+                return rasterio.open(path, driver=driver, **options)
+            except RasterioError:
+                if i == len(drivers) - 1:
+                    raise
+        raise AssertionError("no drivers")  # check_formats refuses an empty list
 
     def read_rows(self, row_start: int, row_stop: int, bands: Sequence[int]) -> NDArray[Any]:
         """See :meth:`RasterSource.read_rows`; rows come from the block cache.
@@ -283,6 +327,7 @@ class ArraySource(RasterSource):
         return self._data[list(bands), row_start:row_stop, :]
 
 
+_REMOTE = ("/vsicurl/", "http://", "https://")
 _B64_CHARS = re.compile(r"^[A-Za-z0-9+/=\s_-]+$")
 
 
@@ -294,9 +339,16 @@ def _decode_b64(text: str) -> bytes:
 
 
 def open_raster(
-    obj: RasterLike, data_format: DataFormat = "auto", *, threads: int = 1
+    obj: RasterLike,
+    data_format: DataFormat = "auto",
+    *,
+    threads: int = 1,
+    formats: Sequence[str] = DEFAULT_INPUT_FORMATS,
 ) -> RasterSource:
     """Open one request input (``threads``: GDAL's decoding threads for files and bytes).
+
+    Whatever the form, the content is opened only by the GDAL drivers in ``formats`` (GeoTIFF
+    by default): see :mod:`geoserve.raster.trust`.
 
     ``data_format="auto"`` treats ``bytes`` as a GeoTIFF, a :class:`RasterArray` as itself, an
     existing path as a path, an ``http(s)://`` URL as a remote file read in place by range
@@ -306,41 +358,55 @@ def open_raster(
 
     Raises:
         RasterReadError: the file is missing or is not a readable raster.
+        InputFormatError: the content is a format outside ``formats`` (a VRT, say).
         InputError: bad base64, an unsupported data type, or zero width/height.
     """
+    kw: dict[str, Any] = {"threads": threads, "formats": formats}
     if isinstance(obj, RasterArray):
         source: RasterSource = ArraySource(obj)
     elif isinstance(obj, bytes | bytearray | memoryview):
         if data_format not in ("auto", "bytes"):
             raise InputError(f"got bytes but data_format={data_format!r}")
-        source = DatasetSource("<bytes>", data=bytes(obj), threads=threads)
+        source = DatasetSource("<bytes>", data=bytes(obj), **kw)
     elif isinstance(obj, str | os.PathLike):
-        text = os.fspath(obj)
-        if data_format == "b64" or (
-            data_format == "auto"
-            and isinstance(obj, str)
-            and len(text) >= 64
-            and not os.path.exists(text)
-            and _B64_CHARS.match(text[:4096]) is not None
-        ):
-            source = DatasetSource("<base64>", data=_decode_b64(text), threads=threads)
-        elif text.startswith("/vsicurl/"):  # read in place by HTTP range requests
-            source = DatasetSource(text.removeprefix("/vsicurl/"), path=text, threads=threads)
-        elif text.startswith(("http://", "https://")):
-            source = DatasetSource(text, path="/vsicurl/" + text, threads=threads)
-        else:
-            path = Path(text)
-            if not path.exists():
-                raise RasterReadError(f"{text}: no such file")
-            if path.is_dir():
-                raise RasterReadError(f"{text}: is a directory, not a raster file")
-            source = DatasetSource(text, path=text, threads=threads)
+        source = _open_text(os.fspath(obj), isinstance(obj, str), data_format, kw)
     else:
         raise InputError(
             f"unsupported input of type {type(obj).__name__}; pass a path, GeoTIFF bytes, "
             "a base64 string or a geoserve.RasterArray"
         )
     return source
+
+
+def _open_text(
+    text: str, is_str: bool, data_format: DataFormat, kw: dict[str, Any]
+) -> RasterSource:
+    """:func:`open_raster` for a string or path: base64, a URL, or a local file."""
+    if data_format == "b64" or (
+        data_format == "auto"
+        and is_str
+        and len(text) >= 64
+        and not os.path.exists(text)
+        and _B64_CHARS.match(text[:4096]) is not None
+    ):
+        return DatasetSource("<base64>", data=_decode_b64(text), **kw)
+    if data_format in ("auto", "url") and text.startswith(_REMOTE):
+        url = text.removeprefix("/vsicurl/")  # read in place by HTTP range requests
+        if not url.startswith(("http://", "https://")):
+            raise InputError(f"{text}: only http(s) URLs are read remotely")
+        return DatasetSource(url, path="/vsicurl/" + url, **kw)
+    if data_format == "url":
+        raise InputError(f"{text}: not an http(s) URL")
+    path = Path(text)  # a local file, named literally: GDAL's /vsi prefixes mean nothing here
+    if text.startswith("/vsi") or ":" in path.parts[0]:  # GDAL's prefixes, GTIFF_DIR:
+        raise RasterReadError(f"{text}: not a local file path")
+    if not path.exists():
+        raise RasterReadError(f"{text}: no such file")
+    if path.is_dir():
+        raise RasterReadError(f"{text}: is a directory, not a raster file")
+    if not path.is_file():  # a FIFO or device would block or never end
+        raise RasterReadError(f"{text}: not a regular file")
+    return DatasetSource(text, path=text, **kw)
 
 
 def resolve_bands(info: RasterInfo, bands: Sequence[int | str] | None) -> list[int]:

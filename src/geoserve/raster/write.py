@@ -9,6 +9,8 @@ partial file under the requested name. In-memory outputs go through rasterio's `
 from __future__ import annotations
 
 import contextlib
+import errno
+import logging
 import os
 import uuid
 import warnings
@@ -26,7 +28,9 @@ from rasterio.errors import NotGeoreferencedWarning, RasterioError
 from rasterio.io import MemoryFile
 from rasterio.windows import Window
 
-from geoserve.errors import OutputWriteError
+from geoserve.errors import OutputSpaceError, OutputWriteError
+
+logger = logging.getLogger(__name__)
 
 #: Internal tile size of written GeoTIFFs (a multiple of 16, as TIFF tiling requires).
 BLOCK_SIZE = 256
@@ -109,7 +113,7 @@ class RowWriter:
         cog: bool = False,
     ) -> None:
         self.path = Path(path) if path is not None else None
-        self.name = str(self.path) if self.path is not None else "<in-memory output>"
+        self.name = str(self.path) if self.path is not None else IN_MEMORY
         if self.path is not None and not self.path.parent.is_dir():
             raise OutputWriteError(
                 f"{self.path}: output directory {self.path.parent} does not exist"
@@ -164,7 +168,7 @@ class RowWriter:
                 self._flush(aligned)
         except (RasterioError, OSError) as exc:
             self.abort()
-            raise OutputWriteError(f"{self.name}: cannot write output ({exc})") from exc
+            raise write_error(self.name, exc) from exc
 
     def _flush(self, stop: int) -> None:
         data = self._buffer[0] if len(self._buffer) == 1 else np.concatenate(self._buffer, axis=1)
@@ -194,12 +198,13 @@ class RowWriter:
                 mem = self._mem[-1]  # the last file written: the COG when converting
                 mem.seek(0)
                 return bytes(mem.read())
+            verify_geotiff(src_name, self.height, self.width, self._meta)
             if self._meta is not None and self._meta.categories:
                 _write_categories(self.path, self._meta.categories)
             os.replace(src_name, self.path)
             return self.path
         except (RasterioError, OSError) as exc:
-            raise OutputWriteError(f"{self.name}: cannot write output ({exc})") from exc
+            raise write_error(self.name, exc) from exc
         finally:
             self._cleanup()
 
@@ -231,13 +236,94 @@ class RowWriter:
         self._cleanup()
 
     def _cleanup(self) -> None:
+        """Remove temporaries; never raises (a directory that turned read-only is logged)."""
         for tmp in self._tmp:
-            tmp.unlink(missing_ok=True)
+            try:
+                tmp.unlink(missing_ok=True)
+            except OSError as exc:
+                logger.warning("cannot remove temporary output %s: %s", tmp, exc)
         self._tmp.clear()
         for mem in self._mem:
             mem.close()
         self._mem.clear()
         self._buffer.clear()
+
+
+def write_error(name: str, exc: BaseException) -> OutputWriteError:
+    """The error for a failed write, :class:`OutputSpaceError` when the disk is full.
+
+    GDAL reports ENOSPC from inside libtiff only on stderr, and rasterio then raises about the
+    unreadable result; so a failed write on a file system that is (nearly) full is reported
+    as what it most likely is.
+    """
+    text = str(exc)
+    code = getattr(exc, "errno", None)
+    free = free_bytes(Path(name).parent) if name != IN_MEMORY else None
+    if code in _NO_SPACE or any(m in text for m in _NO_SPACE_TEXT):
+        return OutputSpaceError(f"{name}: no space left for the output ({text})")
+    if code in (errno.EROFS, errno.EACCES, errno.EPERM) or any(m in text for m in _NO_WRITE):
+        return OutputWriteError(f"{name}: the output directory is not writable ({text})")
+    if free is not None and free < LOW_SPACE_BYTES:
+        return OutputSpaceError(
+            f"{name}: no space left for the output ({free} bytes free on "
+            f"{Path(name).parent}; {text})"
+        )
+    return OutputWriteError(f"{name}: cannot write output ({text})")
+
+
+def free_bytes(directory: Path) -> int | None:
+    """Bytes an unprivileged process may still write under ``directory`` (None: unknown)."""
+    try:
+        st = os.statvfs(directory)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
+
+
+IN_MEMORY = "<in-memory output>"
+#: Below this much free space, a failed write is reported as a full disk.
+LOW_SPACE_BYTES = 16 * 1024 * 1024
+_NO_SPACE = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
+_NO_WRITE = ("Read-only file system", "Permission denied", "Operation not permitted")
+_NO_SPACE_TEXT = ("No space left", "Disk quota exceeded", "File too large", "Free disk space")
+
+
+def verify_geotiff(
+    path: str | os.PathLike[str], height: int, width: int, meta: OutputRaster | None
+) -> None:
+    """Check a finished GeoTIFF before it is renamed into place.
+
+    GDAL reports some failed block writes (a full disk while flushing its cache, say) only as
+    logged errors, so the file is re-opened: its size and band layout must be what was
+    written, and every block of every band must lie inside the file.
+
+    Raises:
+        OutputWriteError: (or :class:`OutputSpaceError`) naming what is wrong.
+    """
+    name = os.fspath(path)
+    size = os.stat(name).st_size
+    if size == 0:
+        raise OutputWriteError(f"{name}: the written file is empty")
+    with warnings.catch_warnings(), rasterio.open(name, driver="GTiff") as ds:
+        warnings.simplefilter("ignore", NotGeoreferencedWarning)
+        count = meta.data.shape[0] if meta is not None else ds.count
+        if (ds.height, ds.width, ds.count) != (height, width, count):
+            raise OutputWriteError(
+                f"{name}: the written file is {ds.count}x{ds.height}x{ds.width}, "
+                f"expected {count}x{height}x{width}"
+            )
+        bh, bw = ds.block_shapes[0]
+        rows, cols = -(-height // bh), -(-width // bw)
+        for band in range(1, ds.count + 1):
+            for i in range(rows):
+                for j in range(cols):
+                    offset = ds.get_tag_item(f"BLOCK_OFFSET_{j}_{i}", "TIFF", bidx=band)
+                    nbytes = ds.get_tag_item(f"BLOCK_SIZE_{j}_{i}", "TIFF", bidx=band)
+                    if not offset or not nbytes or int(offset) + int(nbytes) > size:
+                        raise OutputSpaceError(
+                            f"{name}: block ({i}, {j}) of band {band} is missing or cut off "
+                            f"(file is {size} bytes); the disk may be full"
+                        )
 
 
 def write_geotiff(

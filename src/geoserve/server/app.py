@@ -18,12 +18,11 @@ import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from geoserve.engine import Engine
 from geoserve.engine.async_engine import AsyncEngine
@@ -38,6 +37,14 @@ from geoserve.errors import (
 )
 from geoserve.raster.source import DataFormat, RasterLike
 from geoserve.schemas import ImageRequestOutput, OutFormat
+from geoserve.server.api_models import (
+    ImagesRequest,
+    PoolingRequest,
+    form_json,
+    parse_json,
+    validate,
+    validation_message,
+)
 from geoserve.server.errors import error_body, status_for
 from geoserve.server.inputs import fetch_url, remote_input, resolve_input_path
 from geoserve.server.metrics import Metrics
@@ -48,47 +55,6 @@ logger = logging.getLogger("geoserve.server")
 
 _REQUEST_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")
 _OUT_FORMATS: dict[str, OutFormat] = {"geotiff": "bytes", "b64_json": "b64", "path": "path"}
-
-InFormat = Literal["b64_json", "path", "url"]
-OutDataFormat = Literal["b64_json", "path", "geotiff"]
-
-
-class ImageOptions(BaseModel):
-    """Per-request overrides."""
-
-    model_config = ConfigDict(extra="forbid")
-    bands: list[int | str] | None = None
-    output_kind: Literal["classes", "probabilities", "raw"] | None = None
-
-
-class ImagesRequest(BaseModel):
-    """JSON body of ``POST /v1/images``."""
-
-    model_config = ConfigDict(extra="forbid")
-    data: str | list[str]
-    data_format: InFormat = "b64_json"
-    out_data_format: OutDataFormat = "b64_json"
-    options: ImageOptions = Field(default_factory=ImageOptions)
-    priority: int = 0
-
-
-class PoolingData(BaseModel):
-    """The ``data`` object of vLLM's Prithvi IO-processor request."""
-
-    model_config = ConfigDict(extra="ignore")
-    data: str
-    data_format: InFormat = "b64_json"
-    out_data_format: Literal["b64_json", "path"] = "b64_json"
-    indices: list[int] | None = None
-
-
-class PoolingRequest(BaseModel):
-    """vLLM's ``POST /pooling`` request with an IO-processor plugin (extra fields ignored)."""
-
-    model_config = ConfigDict(extra="ignore")
-    model: str | None = None
-    data: PoolingData
-    priority: int = 0
 
 
 def _error_response(exc: GeoServeError, settings: ServerSettings) -> JSONResponse:
@@ -124,6 +90,7 @@ class _Service:
                 prefetch_rows=s.prefetch_rows,
                 preprocess=s.preprocess,
                 cog=s.cog,
+                allowed_formats=s.allowed_formats,
             )
             eng.cross_request_batching = s.cross_request_batching
             async_engine = AsyncEngine(
@@ -154,16 +121,21 @@ class _Service:
     # -- shared request path -------------------------------------------------------------------
 
     async def gather_inputs(
-        self, items: list[str], data_format: str
+        self, items: list[Any], data_format: str, deadline: float
     ) -> tuple[list[RasterLike], DataFormat]:
         """Apply the path/URL guards; base64 is decoded later, off the event loop."""
         s = self.settings
+        if data_format == "bytes":
+            return list(items), "bytes"
         if data_format == "path":
             return [resolve_input_path(p, s.allowed_input_dirs) for p in items], "path"
         if data_format == "url":
             limit = int(s.max_body_mb * 1024 * 1024)
             fetch = remote_input if s.url_reads == "range" else fetch_url
-            data = [await fetch(u, s.allowed_url_domains, limit) for u in items]
+            data = [
+                await fetch(u, s.allowed_url_domains, limit, deadline - time.monotonic())
+                for u in items
+            ]
             return list(data), "auto"  # /vsicurl/ paths and downloaded bytes
         return list(items), "b64"
 
@@ -180,33 +152,49 @@ class _Service:
     async def run(
         self,
         request: Request,
-        inputs: list[RasterLike],
-        data_format: DataFormat,
+        items: list[Any],
+        data_format: str,
         out_data_format: str,
         *,
         bands: list[int | str] | None = None,
         output_kind: str | None = None,
         priority: int = 0,
     ) -> tuple[str, ImageRequestOutput]:
-        """Submit one request and wait for it, unless the client leaves first."""
+        """Fetch the inputs, run the request and wait for it, unless the client leaves first.
+
+        The request's deadline (``request_timeout_s``) covers downloading its inputs as well
+        as the engine's work; a client that disconnects cancels both.
+        """
         eng = self.ready_engine()
-        rid = request.headers.get("x-request-id") or f"geo-{uuid.uuid4().hex}"
-        if not _REQUEST_ID.fullmatch(rid):
+        client_id = request.headers.get("x-request-id")
+        if client_id is not None and not _REQUEST_ID.fullmatch(client_id):
             raise InputError("X-Request-Id may hold only letters, digits, '-' and '_' (<= 128)")
+        # the engine's key and the output's file name are always the server's own: a client's
+        # id is only echoed back and logged, so two clients sending the same one never meet
+        rid = f"geo-{uuid.uuid4().hex}"
+        if client_id is not None:
+            logger.info("request %s has client id %s", rid, client_id)
         out_format = _OUT_FORMATS[out_data_format]
+        path = self.output_path(rid, out_format)
         t0 = time.perf_counter()
-        job = eng.submit(
-            inputs if len(inputs) > 1 else inputs[0],
-            request_id=rid,
-            out_format=out_format,
-            output_path=self.output_path(rid, out_format),
-            data_format=data_format,
-            bands=bands,
-            output_kind=output_kind,
-            priority=priority,
-            timeout=self.settings.request_timeout_s,
-        )
-        result = await _unless_disconnected(request, job)
+        deadline = time.monotonic() + self.settings.request_timeout_s
+
+        async def job() -> ImageRequestOutput:
+            inputs, fmt = await self.gather_inputs(items, data_format, deadline)
+            return await eng.submit(
+                inputs if len(inputs) > 1 else inputs[0],
+                request_id=rid,
+                out_format=out_format,
+                output_path=path,
+                data_format=fmt,
+                bands=bands,
+                output_kind=output_kind,
+                priority=priority,
+                timeout=self.settings.request_timeout_s,
+                deadline=deadline,
+            )
+
+        result = await _unless_disconnected(request, job())
         self.metrics.latency.labels(endpoint=request.url.path).observe(time.perf_counter() - t0)
         if result.error is not None:
             raise result.error
@@ -217,15 +205,17 @@ class _Service:
 
     async def images(self, request: Request) -> Response:
         """POST /v1/images: multipart upload or JSON; GeoTIFF bytes or JSON back."""
+        items: list[Any]
         if request.headers.get("content-type", "").startswith("multipart/form-data"):
-            body, inputs, data_format = await self._parse_multipart(request)
+            body, items = await self._parse_multipart(request)
+            data_format = "bytes"
         else:
-            body = _parse_json(ImagesRequest, await request.body())
+            body = await parse_json(ImagesRequest, await request.body())
             items = body.data if isinstance(body.data, list) else [body.data]
-            inputs, data_format = await self.gather_inputs(items, body.data_format)
+            data_format = body.data_format
         rid, result = await self.run(
             request,
-            inputs,
+            items,
             data_format,
             body.out_data_format,
             bands=body.options.bands,
@@ -235,8 +225,9 @@ class _Service:
         out = result.outputs
         assert out is not None
         timings = {k: round(v, 4) for k, v in vars(result.timings).items()}
+        echo = {"X-Request-Id": request.headers.get("x-request-id") or rid}
         if body.out_data_format == "geotiff":
-            headers = {"X-Request-Id": rid, "X-Geoserve-Timings": json.dumps(timings)}
+            headers = {**echo, "X-Geoserve-Timings": json.dumps(timings)}
             return Response(out.data, media_type="image/tiff", headers=headers)
         return JSONResponse(
             {
@@ -251,44 +242,43 @@ class _Service:
                 "dtype": out.dtype,
                 "num_patches": result.num_patches,
                 "timings": timings,
-            }
+            },
+            headers=echo,
         )
 
-    async def _parse_multipart(
-        self, request: Request
-    ) -> tuple[ImagesRequest, list[RasterLike], DataFormat]:
+    async def _parse_multipart(self, request: Request) -> tuple[ImagesRequest, list[bytes]]:
         form = await request.form()
-        files: list[RasterLike] = []
-        for part in form.getlist("file"):
+        files: list[bytes] = []
+        for i, part in enumerate(form.getlist("file")):
             if isinstance(part, str):
                 raise InputError("'file' must be a file part, not a text field")
-            files.append(await part.read())
+            content = await part.read()
+            if not content:
+                raise InputError(f"'file' part {i} ({part.filename or 'unnamed'}) is empty")
+            files.append(content)
         if not files:
             raise InputError("multipart upload needs one or more 'file' parts")
-        body = _parse_json(
+        body = validate(
             ImagesRequest,
-            json.dumps(
-                {
-                    "data": "",
-                    "out_data_format": form.get("out_data_format") or "geotiff",
-                    "options": _form_json(form.get("options")),
-                    "priority": form.get("priority") or 0,
-                }
-            ).encode(),
+            {
+                "data": "<upload>",
+                "out_data_format": form.get("out_data_format") or "geotiff",
+                "options": form_json(form.get("options")),
+                "priority": form.get("priority") or 0,
+            },
         )
-        return body, files, "bytes"
+        return body, files
 
     async def pooling(self, request: Request) -> Response:
         """POST /pooling: vLLM's IO-processor request and response shapes."""
-        body = _parse_json(PoolingRequest, await request.body())
+        body = await parse_json(PoolingRequest, await request.body())
         if body.model is not None and body.model != self.settings.model:
             raise UnknownModelError(body.model, [self.settings.model])
-        inputs, data_format = await self.gather_inputs([body.data.data], body.data.data_format)
         bands = list(body.data.indices) if body.data.indices is not None else None
         rid, result = await self.run(
             request,
-            inputs,
-            data_format,
+            [body.data.data],
+            body.data.data_format,
             body.data.out_data_format,
             bands=bands,
             priority=body.priority,
@@ -329,8 +319,21 @@ class _Service:
             entry["output"] = {"kind": out.kind, "classes": list(getattr(out, "classes", ()))}
         return {"object": "list", "data": [entry]}
 
+    def crashed(self) -> BaseException | None:
+        """Why the engine loop stopped, if it did (never expected: every request fails alone)."""
+        eng = self.state["engine"]
+        return eng.crashed if eng is not None else None
+
+    async def live(self) -> Response:
+        """GET /health/live: the process answers and its engine loop runs."""
+        if self.crashed() is not None:
+            return JSONResponse({"status": "failed", "message": "engine loop stopped"}, 503)
+        return JSONResponse({"status": "ok"})
+
     async def ready(self) -> Response:
         """GET /health/ready: 200 once the model is loaded; 503 while loading or draining."""
+        if self.crashed() is not None:
+            return JSONResponse({"status": "failed", "message": "engine loop stopped"}, 503)
         if self.state["draining"]:
             return JSONResponse({"status": "draining"}, 503)
         if self.state["load_error"] is not None:
@@ -367,49 +370,16 @@ def create_app(settings: ServerSettings, *, engine: Engine | None = None) -> Fas
     @app.exception_handler(RequestValidationError)
     async def on_validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
         svc.metrics.errors.labels(kind="ValidationError").inc()
-        body = error_body(_validation_message(exc.errors()), 422, "ValidationError")
+        body = error_body(validation_message(exc.errors()), 422, "ValidationError")
         return JSONResponse(body, 422)
 
     app.add_api_route("/v1/images", svc.images, methods=["POST"], response_model=None)
     app.add_api_route("/pooling", svc.pooling, methods=["POST"], response_model=None)
     app.add_api_route("/v1/models", svc.models, methods=["GET"])
-    app.add_api_route("/health/live", _live, methods=["GET"])
+    app.add_api_route("/health/live", svc.live, methods=["GET"], response_model=None)
     app.add_api_route("/health/ready", svc.ready, methods=["GET"], response_model=None)
     app.add_api_route("/metrics", svc.metrics_route, methods=["GET"], response_model=None)
     return app
-
-
-async def _live() -> dict[str, str]:
-    """GET /health/live: the process answers."""
-    return {"status": "ok"}
-
-
-def _parse_json(model: type[BaseModel], raw: bytes) -> Any:
-    try:
-        payload = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise InputError(f"request body is not valid JSON ({exc})") from None
-    try:
-        return model.model_validate(payload)
-    except ValidationError as exc:
-        raise RequestValidationError(exc.errors()) from None
-
-
-def _form_json(value: Any) -> Any:
-    if value is None or value == "":
-        return {}
-    try:
-        return json.loads(str(value))
-    except json.JSONDecodeError as exc:
-        raise InputError(f"form field 'options' is not valid JSON ({exc})") from None
-
-
-def _validation_message(errors: Any) -> str:
-    parts = []
-    for err in errors:
-        loc = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
-        parts.append(f"{loc or 'body'}: {err.get('msg', 'invalid')}")
-    return "invalid request: " + "; ".join(parts)
 
 
 async def _unless_disconnected(request: Request, job: Any) -> ImageRequestOutput:

@@ -15,13 +15,20 @@ check; the host is on the operator's allow-list, so it is trusted not to.
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 import httpx
 
-from geoserve.errors import ForbiddenInputError, InputError, PayloadTooLargeError
+from geoserve.errors import (
+    ForbiddenInputError,
+    InputError,
+    PayloadTooLargeError,
+    RequestTimeoutError,
+)
 
 
 def resolve_input_path(text: str, roots: Sequence[Path]) -> str:
@@ -70,19 +77,39 @@ def check_url(url: str, domains: Sequence[str]) -> None:
         raise ForbiddenInputError(f"{url}: credentials in URLs are not accepted")
 
 
-async def fetch_url(url: str, domains: Sequence[str], max_bytes: int) -> bytes:
+#: Per-operation limits of the server's own HTTP client (connect, and each read or write);
+#: the whole transfer is bounded by the request's deadline on top of these.
+HTTP_TIMEOUT = httpx.Timeout(10.0, connect=5.0)
+
+
+async def fetch_url(
+    url: str, domains: Sequence[str], max_bytes: int, deadline_s: float = 60.0
+) -> bytes:
     """Download an allowed URL, at most ``max_bytes``, without following redirects.
+
+    The whole download must finish within ``deadline_s`` (a source that trickles bytes does
+    not keep the request alive); cancelling the awaiting task (the client left, the server
+    drains) stops it at once.
 
     Raises:
         ForbiddenInputError: see :func:`check_url`; InputError: HTTP or network failure;
-        PayloadTooLargeError: the body exceeds ``max_bytes``.
+        PayloadTooLargeError: the body exceeds ``max_bytes``; RequestTimeoutError: too slow.
     """
     check_url(url, domains)
+    try:
+        return await asyncio.wait_for(_download(url, max_bytes), max(deadline_s, 0.001))
+    except TimeoutError:
+        raise RequestTimeoutError(
+            f"{url}: the download did not finish within {deadline_s:.0f} s"
+        ) from None
+
+
+async def _download(url: str, max_bytes: int) -> bytes:
     chunks: list[bytes] = []
     size = 0
     try:
         async with (
-            httpx.AsyncClient(follow_redirects=False, timeout=30.0) as client,
+            httpx.AsyncClient(follow_redirects=False, timeout=HTTP_TIMEOUT) as client,
             client.stream("GET", url) as resp,
         ):
             if resp.is_redirect:
@@ -99,23 +126,28 @@ async def fetch_url(url: str, domains: Sequence[str], max_bytes: int) -> bytes:
     return b"".join(chunks)
 
 
-async def remote_input(url: str, domains: Sequence[str], max_bytes: int) -> str | bytes:
+async def remote_input(
+    url: str, domains: Sequence[str], max_bytes: int, deadline_s: float = 60.0
+) -> str | bytes:
     """``/vsicurl/<url>`` if the server supports range reads, else the downloaded bytes.
 
     Raises:
         As :func:`fetch_url`.
     """
     check_url(url, domains)
+    t0 = time.monotonic()
     try:
-        async with httpx.AsyncClient(follow_redirects=False, timeout=30.0) as client:
-            head = await client.head(url)
+        async with httpx.AsyncClient(follow_redirects=False, timeout=HTTP_TIMEOUT) as client:
+            head = await asyncio.wait_for(client.head(url), max(deadline_s, 0.001))
+    except TimeoutError:
+        raise RequestTimeoutError(f"{url}: no answer within {deadline_s:.0f} s") from None
     except httpx.HTTPError as exc:
         raise InputError(f"{url}: request failed ({type(exc).__name__}: {exc})") from exc
     if head.is_redirect:
         raise ForbiddenInputError(f"{url}: redirects are not followed")
     if head.status_code == 200 and head.headers.get("accept-ranges", "").lower() == "bytes":
         return VSICURL + url
-    return await fetch_url(url, domains, max_bytes)
+    return await fetch_url(url, domains, max_bytes, deadline_s - (time.monotonic() - t0))
 
 
 #: GDAL's prefix for reading a file over HTTP with range requests.

@@ -9,6 +9,8 @@ turns any unexpected exception into a JSON 500 without a traceback.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hmac
 import json
 import logging
@@ -152,6 +154,20 @@ class GuardMiddleware:
                 )
         except ClientDisconnected:
             logger.info("client disconnected; its request was cancelled")
+        except asyncio.CancelledError:  # the server stopped waiting (drain timeout)
+            if not ex.started:
+                with contextlib.suppress(Exception):
+                    await _send_json(
+                        send,
+                        503,
+                        error_body(
+                            "server shut down before the request finished; retry",
+                            503,
+                            "ShuttingDownError",
+                        ),
+                        retry,
+                    )
+            raise
         except Exception:
             logger.exception("unhandled error on %s", scope["path"])
             if not ex.started:

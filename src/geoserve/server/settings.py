@@ -6,7 +6,9 @@ import os
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from geoserve.raster.trust import check_formats
 
 
 class ServerSettings(BaseModel):
@@ -58,6 +60,8 @@ class ServerSettings(BaseModel):
     url_reads: Literal["range", "download"] = "range"
     """'range': read URL inputs in place by HTTP range requests (GDAL /vsicurl/) when the host
     supports them; 'download': always fetch the whole file first."""
+    allowed_formats: list[str] = Field(default_factory=lambda: ["GTiff"])
+    """GDAL formats inputs may be in (GTiff covers COG); any other content gets 400 unread."""
     output_dir: Path | None = None
     """Where ``path`` outputs are written; unset: path outputs are refused."""
     api_key: str | None = Field(default_factory=lambda: os.environ.get("GEOSERVE_API_KEY"))
@@ -66,3 +70,8 @@ class ServerSettings(BaseModel):
     """On SIGTERM, how long in-flight requests may take to finish while new ones get 503."""
     retry_after_s: int = Field(1, ge=0)
     """Retry-After value sent with 503 responses."""
+
+    @field_validator("allowed_formats")
+    @classmethod
+    def _known_formats(cls, value: list[str]) -> list[str]:
+        return list(check_formats(value))

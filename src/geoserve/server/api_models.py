@@ -1,0 +1,116 @@
+"""The bodies the HTTP API accepts, and parsing them without trusting them.
+
+``POST /v1/images`` takes :class:`ImagesRequest` (or a multipart upload), ``POST /pooling``
+vLLM's :class:`PoolingRequest`. Parsing never lets a client's body hurt the server: a large
+JSON body is parsed off the event loop, deeply nested JSON is a 400 (not a ``RecursionError``),
+and empty data is refused with a message naming the field.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Annotated, Any, Literal
+
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
+
+from geoserve.errors import InputError
+
+InFormat = Literal["b64_json", "path", "url"]
+OutDataFormat = Literal["b64_json", "path", "geotiff"]
+NonEmpty = Annotated[str, StringConstraints(min_length=1)]
+
+#: JSON bodies larger than this are parsed in a worker thread, not on the event loop.
+OFF_LOOP_JSON_BYTES = 256 * 1024
+
+
+class ImageOptions(BaseModel):
+    """Per-request overrides."""
+
+    model_config = ConfigDict(extra="forbid")
+    bands: list[int | str] | None = None
+    output_kind: Literal["classes", "probabilities", "raw"] | None = None
+
+
+class ImagesRequest(BaseModel):
+    """JSON body of ``POST /v1/images``."""
+
+    model_config = ConfigDict(extra="forbid")
+    data: NonEmpty | Annotated[list[NonEmpty], Field(min_length=1)]
+    data_format: InFormat = "b64_json"
+    out_data_format: OutDataFormat = "b64_json"
+    options: ImageOptions = Field(default_factory=ImageOptions)
+    priority: int = 0
+
+
+class PoolingData(BaseModel):
+    """The ``data`` object of vLLM's Prithvi IO-processor request."""
+
+    model_config = ConfigDict(extra="ignore")
+    data: NonEmpty
+    data_format: InFormat = "b64_json"
+    out_data_format: Literal["b64_json", "path"] = "b64_json"
+    indices: list[int] | None = None
+
+
+class PoolingRequest(BaseModel):
+    """vLLM's ``POST /pooling`` request with an IO-processor plugin (extra fields ignored)."""
+
+    model_config = ConfigDict(extra="ignore")
+    model: str | None = None
+    data: PoolingData
+    priority: int = 0
+
+
+def _loads(raw: bytes) -> Any:
+    try:
+        return json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise InputError(f"request body is not valid JSON ({exc})") from None
+    except RecursionError:
+        raise InputError("request body is not acceptable JSON (nested too deeply)") from None
+
+
+async def parse_json(model: type[BaseModel], raw: bytes) -> Any:
+    """Validate ``raw`` as ``model``; large bodies are decoded in a worker thread.
+
+    Raises:
+        InputError: not JSON; RequestValidationError: JSON of the wrong shape (422).
+    """
+    if not raw.strip():
+        raise InputError("request body is empty; send JSON or a multipart upload")
+    big = len(raw) > OFF_LOOP_JSON_BYTES
+    payload = await asyncio.to_thread(_loads, raw) if big else _loads(raw)
+    return validate(model, payload)
+
+
+def validate(model: type[BaseModel], payload: Any) -> Any:
+    """``model.model_validate(payload)``, its errors as FastAPI's 422."""
+    try:
+        return model.model_validate(payload)
+    except ValidationError as exc:
+        raise RequestValidationError(exc.errors()) from None
+    except RecursionError:
+        raise InputError("request body is not acceptable JSON (nested too deeply)") from None
+
+
+def form_json(value: Any) -> Any:
+    """The multipart ``options`` field as JSON (empty: no options)."""
+    if value is None or value == "":
+        return {}
+    try:
+        return json.loads(str(value))
+    except json.JSONDecodeError as exc:
+        raise InputError(f"form field 'options' is not valid JSON ({exc})") from None
+    except RecursionError:
+        raise InputError("form field 'options' is nested too deeply") from None
+
+
+def validation_message(errors: Any) -> str:
+    """One line naming every invalid field."""
+    parts = []
+    for err in errors:
+        loc = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
+        parts.append(f"{loc or 'body'}: {err.get('msg', 'invalid')}")
+    return "invalid request: " + "; ".join(parts)
