@@ -51,6 +51,7 @@ from geoserve.raster.trust import (
     gdal_drivers,
     input_env,
     read_head,
+    refuse_other_formats,
 )
 
 DataFormat = Literal["auto", "path", "bytes", "b64", "url"]
@@ -193,15 +194,10 @@ class DatasetSource(RasterSource):
             head = data[:4096] if data is not None else b""
             if data is None and path is not None and not path.startswith("/vsi"):
                 head = read_head(path)
+            refuse_other_formats(name, head, formats)
             fmt, what = detect_format(head)
-            if fmt in NOT_RASTER:
-                raise RasterReadError(f"{name}: not a readable raster ({what})") from exc
-            if fmt not in formats and not (fmt == "GTiff" and "COG" in formats):
-                raise InputFormatError(
-                    f"{name}: the content is {what} (format {fmt}); allowed input formats: "
-                    f"{', '.join(formats)}"
-                ) from None
-            raise RasterReadError(f"{name}: not a readable raster ({exc})") from exc
+            why = what if fmt in NOT_RASTER else str(exc)
+            raise RasterReadError(f"{name}: not a readable raster ({why})") from exc
         ds = self._ds
         if ds.driver not in gdal_drivers(formats):  # belt and braces: GDAL honoured the list
             self.close()

@@ -29,7 +29,7 @@ from collections.abc import Iterable
 
 import rasterio
 
-from geoserve.errors import ConfigError
+from geoserve.errors import ConfigError, InputFormatError
 
 #: Input formats (GDAL driver short names) opened unless a deployment allows more.
 DEFAULT_INPUT_FORMATS: tuple[str, ...] = ("GTiff",)
@@ -136,6 +136,21 @@ def detect_format(head: bytes) -> tuple[str, str]:
 
 #: What :func:`detect_format` says of content that is no raster format at all.
 NOT_RASTER = frozenset({"XML", "JSON", "unknown"})
+
+
+def refuse_other_formats(name: str, head: bytes, formats: Iterable[str]) -> None:
+    """Raise if ``head`` (an input's first bytes) is a known format outside ``formats``.
+
+    Raises:
+        InputFormatError: naming the input and the format its content is in.
+    """
+    allowed = set(formats)
+    fmt, what = detect_format(head)
+    if fmt in NOT_RASTER or fmt in allowed or (fmt == "GTiff" and "COG" in allowed):
+        return
+    raise InputFormatError(
+        f"{name}: the content is {what} (format {fmt}); allowed input formats: {', '.join(formats)}"
+    )
 
 
 def read_head(path: str, size: int = 4096) -> bytes:

@@ -131,11 +131,14 @@ class _Service:
             return [resolve_input_path(p, s.allowed_input_dirs) for p in items], "path"
         if data_format == "url":
             limit = int(s.max_body_mb * 1024 * 1024)
-            fetch = remote_input if s.url_reads == "range" else fetch_url
-            data = [
-                await fetch(u, s.allowed_url_domains, limit, deadline - time.monotonic())
-                for u in items
-            ]
+            data: list[str | bytes] = []
+            for u in items:
+                left = deadline - time.monotonic()
+                if s.url_reads == "range":
+                    fmts = s.allowed_formats
+                    data.append(await remote_input(u, s.allowed_url_domains, limit, left, fmts))
+                else:
+                    data.append(await fetch_url(u, s.allowed_url_domains, limit, left))
             return list(data), "auto"  # /vsicurl/ paths and downloaded bytes
         return list(items), "b64"
 

@@ -29,6 +29,7 @@ from geoserve.errors import (
     PayloadTooLargeError,
     RequestTimeoutError,
 )
+from geoserve.raster.trust import DEFAULT_INPUT_FORMATS, refuse_other_formats
 
 
 def resolve_input_path(text: str, roots: Sequence[Path]) -> str:
@@ -127,27 +128,47 @@ async def _download(url: str, max_bytes: int) -> bytes:
 
 
 async def remote_input(
-    url: str, domains: Sequence[str], max_bytes: int, deadline_s: float = 60.0
+    url: str,
+    domains: Sequence[str],
+    max_bytes: int,
+    deadline_s: float = 60.0,
+    formats: Sequence[str] = DEFAULT_INPUT_FORMATS,
 ) -> str | bytes:
     """``/vsicurl/<url>`` if the server supports range reads, else the downloaded bytes.
 
+    Before GDAL is given the URL, its first bytes are fetched (one range request, no
+    redirects) and content in a format outside ``formats`` is refused unparsed.
+
     Raises:
-        As :func:`fetch_url`.
+        As :func:`fetch_url`; InputFormatError: the content is another format (a VRT, say).
     """
     check_url(url, domains)
     t0 = time.monotonic()
     try:
         async with httpx.AsyncClient(follow_redirects=False, timeout=HTTP_TIMEOUT) as client:
             head = await asyncio.wait_for(client.head(url), max(deadline_s, 0.001))
+            ranged = (
+                head.status_code == 200 and head.headers.get("accept-ranges", "").lower() == "bytes"
+            )
+            if ranged:
+                first = await asyncio.wait_for(
+                    client.get(url, headers={"Range": f"bytes=0-{SNIFF_BYTES - 1}"}),
+                    max(deadline_s - (time.monotonic() - t0), 0.001),
+                )
     except TimeoutError:
         raise RequestTimeoutError(f"{url}: no answer within {deadline_s:.0f} s") from None
     except httpx.HTTPError as exc:
         raise InputError(f"{url}: request failed ({type(exc).__name__}: {exc})") from exc
-    if head.is_redirect:
+    if head.is_redirect or (ranged and first.is_redirect):
         raise ForbiddenInputError(f"{url}: redirects are not followed")
-    if head.status_code == 200 and head.headers.get("accept-ranges", "").lower() == "bytes":
+    if ranged and first.status_code in (200, 206):
+        refuse_other_formats(url, first.content[:SNIFF_BYTES], formats)
         return VSICURL + url
     return await fetch_url(url, domains, max_bytes, deadline_s - (time.monotonic() - t0))
+
+
+#: Bytes fetched to tell an in-place URL input's format before GDAL opens it.
+SNIFF_BYTES = 4096
 
 
 #: GDAL's prefix for reading a file over HTTP with range requests.
