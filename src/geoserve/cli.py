@@ -7,6 +7,7 @@ traceback only with ``--debug``), 2 a usage error.
 from __future__ import annotations
 
 import argparse
+import signal
 import logging
 import sys
 import time
@@ -393,7 +394,12 @@ def _cmd_predict_ray(args: argparse.Namespace) -> int:
     return 1 if summary.failed else 0
 
 
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt  # SIGTERM stops a run as Ctrl-C does: no partial output is left
+
+
 def _cmd_predict(args: argparse.Namespace) -> int:
+    signal.signal(signal.SIGTERM, _interrupt)
     if args.ray:
         return _cmd_predict_ray(args)
     from geoserve.engine import Engine

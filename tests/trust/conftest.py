@@ -10,9 +10,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+import resource
+import shutil
+import signal
 import socket
+import subprocess
+import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -125,3 +130,87 @@ def bait(tmp_path: Path) -> Iterator[Bait]:
         yield b
     finally:
         b.close()
+
+
+def can_mount() -> bool:
+    """Whether this test run may mount a tmpfs (root with CAP_SYS_ADMIN, as in CI)."""
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        return False
+    probe = Path(tempfile.mkdtemp(prefix="geoserve-mount-"))
+    try:
+        ok = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(probe)]
+        ).returncode
+        if ok == 0:
+            subprocess.run(["umount", str(probe)], check=True)
+        return ok == 0
+    finally:
+        probe.rmdir()
+
+
+class OutputDir:
+    """A directory that a test can make read-only (and writable again) while a server runs.
+
+    As root it is a real tmpfs remounted ``ro`` (root ignores permission bits); otherwise
+    its permission bits are cleared, which an unprivileged server cannot bypass.
+    """
+
+    def __init__(self, path: Path, size: str = "64m") -> None:
+        self.path = path
+        path.mkdir(parents=True, exist_ok=True)
+        self.mounted = can_mount()
+        if self.mounted:
+            subprocess.run(
+                ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], check=True
+            )
+
+    def read_only(self) -> None:
+        """Everything done through the path from now on is refused (EROFS).
+
+        A read-only bind mount over the directory: unlike remounting the tmpfs itself, this
+        works while a file in it is open for writing, as on a real disk that fails mid-run.
+        """
+        if self.mounted:
+            p = str(self.path)
+            subprocess.run(["mount", "--bind", p, p], check=True)
+            subprocess.run(["mount", "-o", "remount,bind,ro", p], check=True)
+        else:
+            self.path.chmod(0o555)
+
+    def writable(self) -> None:
+        if self.mounted:
+            subprocess.run(["umount", str(self.path)], check=True)  # the read-only layer
+        else:
+            self.path.chmod(0o755)
+
+    def close(self) -> None:
+        if self.mounted:
+            while os.path.ismount(self.path):
+                subprocess.run(["umount", "-l", str(self.path)], check=False)
+        else:
+            self.path.chmod(0o755)
+
+
+def small_disk(path: Path, size_bytes: int) -> tuple[Path, Callable[[], None] | None]:
+    """An output directory where writes past ``size_bytes`` fail, for a child process.
+
+    As root: a real tmpfs of that size (ENOSPC). Otherwise: the child gets an RLIMIT_FSIZE
+    of that size (EFBIG), returned as a ``preexec_fn``. Both are real kernel write failures.
+    """
+    path.mkdir(parents=True, exist_ok=True)
+    if can_mount():
+        subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size_bytes}", "tmpfs", str(path)], check=True
+        )
+        return path, None
+
+    def limit() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (size_bytes, size_bytes))
+
+    return path, limit
+
+
+def unmount(path: Path) -> None:
+    if os.path.ismount(path):
+        subprocess.run(["umount", "-l", str(path)], check=False)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import logging
 import os
 import uuid
 import warnings
@@ -29,8 +28,7 @@ from rasterio.io import MemoryFile
 from rasterio.windows import Window
 
 from geoserve.errors import OutputSpaceError, OutputWriteError
-
-logger = logging.getLogger(__name__)
+from geoserve.raster import tempfiles
 
 #: Internal tile size of written GeoTIFFs (a multiple of 16, as TIFF tiling requires).
 BLOCK_SIZE = 256
@@ -118,6 +116,9 @@ class RowWriter:
             raise OutputWriteError(
                 f"{self.path}: output directory {self.path.parent} does not exist"
             )
+        tempfiles.retry_orphans()
+        if self.path is not None:  # a killed earlier run's leftovers for this target
+            tempfiles.sweep(self.path.parent, self.path.name)
         self._source_profile = source_profile
         self.height, self.width, self.cog = height, width, cog
         self._tmp: list[Path] = []
@@ -148,7 +149,7 @@ class RowWriter:
 
     def _new_tmp(self) -> Path:
         assert self.path is not None
-        tmp = self.path.with_name(f".{self.path.name}.{uuid.uuid4().hex[:8]}.tmp")
+        tmp = tempfiles.new_temporary(self.path)
         self._tmp.append(tmp)
         return tmp
 
@@ -236,12 +237,9 @@ class RowWriter:
         self._cleanup()
 
     def _cleanup(self) -> None:
-        """Remove temporaries; never raises (a directory that turned read-only is logged)."""
+        """Remove temporaries; never raises (one that cannot be removed now is retried)."""
         for tmp in self._tmp:
-            try:
-                tmp.unlink(missing_ok=True)
-            except OSError as exc:
-                logger.warning("cannot remove temporary output %s: %s", tmp, exc)
+            tempfiles.release(tmp, remove=True)
         self._tmp.clear()
         for mem in self._mem:
             mem.close()

@@ -35,6 +35,7 @@ from geoserve.errors import (
     ShuttingDownError,
     UnknownModelError,
 )
+from geoserve.raster import tempfiles
 from geoserve.raster.source import DataFormat, RasterLike
 from geoserve.schemas import ImageRequestOutput, OutFormat
 from geoserve.server.api_models import (
@@ -78,6 +79,8 @@ class _Service:
     def load(self) -> None:
         """Build the engine (in a thread, so health answers while the model loads)."""
         s = self.settings
+        if s.output_dir is not None:  # what a killed earlier server left half-written
+            tempfiles.sweep(s.output_dir)
         try:
             eng = self._given_engine or Engine(
                 s.model,

@@ -9,6 +9,7 @@ from geoserve.errors import (
     GeoServeError,
     InputError,
     ModelExecutionError,
+    OutputSpaceError,
     PayloadTooLargeError,
     QueueFullError,
     RasterReadError,
@@ -26,6 +27,7 @@ STATUS_TABLE: tuple[tuple[type[Exception], int], ...] = (
     (RequestTimeoutError, 504),
     (UnknownNameError, 404),
     (ModelExecutionError, 500),
+    (OutputSpaceError, 507),  # the output's disk is full: another replica may have room
     (RasterReadError, 400),
     (InputError, 400),
     (ValueError, 400),  # ConfigError, BandMismatchError, ...: the request's values are bad

@@ -1,0 +1,101 @@
+"""Temporary output files: how they are named, and how none is ever left behind for long.
+
+An output is written to ``.<target name>.<pid>-<random>.tmp`` beside its target and renamed into
+place when complete. A temporary that cannot be removed when its request fails (its directory
+turned read-only, say) is remembered and removed by the next writer of this process once it
+can be; one left by a process that was killed (SIGKILL, a crash) is recognised by its process
+id and removed by :func:`sweep` (the CLI sweeps beside its targets, the server its output
+directory at start-up).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import threading
+import uuid
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+_PATTERN = re.compile(r"^\.(?P<name>.+)\.(?P<pid>\d+)-[0-9a-f]{8}\.tmp$")
+_lock = threading.Lock()
+_live: set[Path] = set()  # temporaries of this process still being written
+_orphans: set[Path] = set()  # temporaries of this process that could not be removed yet
+
+
+def new_temporary(target: Path) -> Path:
+    """A fresh temporary name beside ``target``, registered as live."""
+    tmp = target.with_name(f".{target.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp")
+    with _lock:
+        _live.add(tmp)
+    return tmp
+
+
+def release(tmp: Path, *, remove: bool) -> None:
+    """``tmp`` is no longer written: remove it (or it was renamed into place). Never raises."""
+    with _lock:
+        _live.discard(tmp)
+    if not remove:
+        return
+    try:
+        tmp.unlink(missing_ok=True)
+    except OSError as exc:
+        logger.warning("cannot remove temporary output %s now (%s); will retry", tmp, exc)
+        with _lock:
+            _orphans.add(tmp)
+
+
+def retry_orphans() -> None:
+    """Remove the temporaries this process could not remove before."""
+    with _lock:
+        pending = list(_orphans)
+    for tmp in pending:
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            continue
+        with _lock:
+            _orphans.discard(tmp)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's live process
+        return True
+    return True
+
+
+def sweep(directory: Path, target_name: str | None = None) -> int:
+    """Remove stale temporaries of geoserve's naming in ``directory``; returns how many.
+
+    Stale: its process is gone, or it is this process's and no longer being written. With
+    ``target_name``, only the temporaries of that target. Never raises.
+    """
+    removed = 0
+    try:
+        entries = list(os.scandir(directory))
+    except OSError:
+        return 0
+    for entry in entries:
+        match = _PATTERN.match(entry.name)
+        if match is None or (target_name is not None and match["name"] != target_name):
+            continue
+        path = Path(entry.path)
+        pid = int(match["pid"])
+        with _lock:
+            ours_live = path in _live
+        if (pid == os.getpid() and ours_live) or (pid != os.getpid() and _alive(pid)):
+            continue
+        try:
+            path.unlink(missing_ok=True)
+            removed += 1
+        except OSError:
+            continue
+    if removed:
+        logger.info("removed %d stale temporary output(s) in %s", removed, directory)
+    return removed
