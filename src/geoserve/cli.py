@@ -7,8 +7,8 @@ traceback only with ``--debug``), 2 a usage error.
 from __future__ import annotations
 
 import argparse
-import signal
 import logging
+import signal
 import sys
 import time
 import traceback

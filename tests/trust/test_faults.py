@@ -6,8 +6,10 @@ every other request.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import subprocess
+import threading
 import sys
 import time
 from collections.abc import Iterator
@@ -54,48 +56,48 @@ def test_output_dir_turning_read_only_mid_run_fails_that_request_alone(
     tmp_path, out_dir, monkeypatch
 ):
     monkeypatch.setenv("GEOSERVE_TEST_SLOW", "0.05")
-    big = scene(tmp_path / "big.tif", 16 * 24)  # 576 patches of 16 px: ~30 s of model time
+    scene(tmp_path / "big.tif", 16 * 24)  # 576 patches of 16 px: ~30 s of model time
     small = scene(tmp_path / "small.tif", 32, seed=1)
-    with running_server(
-        model="test-slow", output_dir=out_dir.path, allowed_input_dirs=[tmp_path]
-    ) as url:
-        with httpx.Client(base_url=url, timeout=120) as client:
-            first = client.post(
-                "/v1/images",
-                json={"data": "small.tif", "data_format": "path", "out_data_format": "path"},
-            )
-            assert first.status_code == 200, first.text
+    with (
+        running_server(
+            model="test-slow", output_dir=out_dir.path, allowed_input_dirs=[tmp_path]
+        ) as url,
+        httpx.Client(base_url=url, timeout=120) as client,
+    ):
+        first = client.post(
+            "/v1/images",
+            json={"data": "small.tif", "data_format": "path", "out_data_format": "path"},
+        )
+        assert first.status_code == 200, first.text
 
-            import threading
-
-            answer: dict[str, httpx.Response] = {}
-            body = {"data": "big.tif", "data_format": "path", "out_data_format": "path"}
-            worker = threading.Thread(
-                target=lambda: answer.setdefault("r", client.post("/v1/images", json=body))
-            )
-            worker.start()
-            deadline = time.monotonic() + 30
-            while not any(p.name.endswith(".tmp") for p in out_dir.path.iterdir()):
-                assert time.monotonic() < deadline, "the big request never started writing"
-                time.sleep(0.05)
-            out_dir.read_only()
-            worker.join(timeout=120)
-            resp = answer["r"]
-            assert resp.status_code == 500, resp.text
-            assert "not writable" in resp.json()["message"] or "Read-only" in resp.json()["message"]
-            assert "Traceback" not in resp.text
-            # the engine lives on: health says so and in-memory answers still work
-            assert httpx.get(f"{url}/health/ready").status_code == 200
-            assert httpx.get(f"{url}/health/live").status_code == 200
-            ok = client.post("/v1/images", json={"data": "small.tif", "data_format": "path"})
-            assert ok.status_code == 200, ok.text
-            out_dir.writable()
-            again = client.post(
-                "/v1/images",
-                json={"data": "small.tif", "data_format": "path", "out_data_format": "path"},
-            )
-            assert again.status_code == 200, again.text
-            np.testing.assert_array_equal(read(again.json()["data"])[0], read(small)[0])
+        answer: dict[str, httpx.Response] = {}
+        body = {"data": "big.tif", "data_format": "path", "out_data_format": "path"}
+        worker = threading.Thread(
+            target=lambda: answer.setdefault("r", client.post("/v1/images", json=body))
+        )
+        worker.start()
+        deadline = time.monotonic() + 30
+        while not any(p.name.endswith(".tmp") for p in out_dir.path.iterdir()):
+            assert time.monotonic() < deadline, "the big request never started writing"
+            time.sleep(0.05)
+        out_dir.read_only()
+        worker.join(timeout=120)
+        resp = answer["r"]
+        assert resp.status_code == 500, resp.text
+        assert "not writable" in resp.json()["message"] or "Read-only" in resp.json()["message"]
+        assert "Traceback" not in resp.text
+        # the engine lives on: health says so and in-memory answers still work
+        assert httpx.get(f"{url}/health/ready").status_code == 200
+        assert httpx.get(f"{url}/health/live").status_code == 200
+        ok = client.post("/v1/images", json={"data": "small.tif", "data_format": "path"})
+        assert ok.status_code == 200, ok.text
+        out_dir.writable()
+        again = client.post(
+            "/v1/images",
+            json={"data": "small.tif", "data_format": "path", "out_data_format": "path"},
+        )
+        assert again.status_code == 200, again.text
+        np.testing.assert_array_equal(read(again.json()["data"])[0], read(small)[0])
     names = leftovers(out_dir.path)
     assert not [n for n in names if not n.endswith(".tif")], names  # no temporaries left
 
@@ -176,7 +178,7 @@ def test_full_disk_fails_the_python_api_and_leaves_nothing(tmp_path, full):
 
 def test_full_disk_fails_the_server_request_and_the_server_keeps_serving(tmp_path, full):
     disk, preexec = full
-    src = scene(tmp_path / "s.tif", 384)
+    scene(tmp_path / "s.tif", 384)
     port = free_port()
     proc = subprocess.Popen(
         [
@@ -207,7 +209,8 @@ def test_full_disk_fails_the_server_request_and_the_server_keeps_serving(tmp_pat
                     break
             except httpx.HTTPError:
                 pass
-            assert proc.poll() is None and time.monotonic() < deadline, "server did not start"
+            assert proc.poll() is None, "server exited"
+            assert time.monotonic() < deadline, "server did not start"
             time.sleep(0.2)
         body = {"data": "s.tif", "data_format": "path", "out_data_format": "path"}
         resp = httpx.post(f"{url}/v1/images", json=body, timeout=120)
@@ -242,8 +245,6 @@ def test_a_poisoned_patch_fails_only_its_own_request(tmp_path):
 
 
 def test_poisoned_requests_among_concurrent_ones_over_http(tmp_path):
-    import asyncio
-
     fine = [scene(tmp_path / f"f{i}.tif", 32, value=float(i + 1)) for i in range(12)]
     poisoned = scene(tmp_path / "p.tif", 32, value=5e6)
     order = fine[:6] + [poisoned] + fine[6:]
@@ -283,8 +284,6 @@ class _BrokenLoop(Engine):
 def test_a_crashed_engine_loop_makes_health_fail():
     engine = _BrokenLoop("test-seg")
     settings = ServerSettings(model="test-seg", port=free_port())
-    import threading
-
     import uvicorn
 
     app = create_app(settings, engine=engine)
