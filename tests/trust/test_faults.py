@@ -9,8 +9,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import subprocess
-import threading
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
