@@ -190,6 +190,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="PNG",
         help="also draw input and prediction side by side (a directory for several inputs)",
     )
+    p.add_argument(
+        "--max-patches",
+        type=int,
+        default=200_000,
+        metavar="N",
+        help="refuse inputs of more than N patches (default 200000, about 100000 px square; "
+        "0: no limit)",
+    )
     p.add_argument("-q", "--quiet", action="store_true", help="print errors only")
     p.add_argument(
         "--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS
@@ -241,6 +249,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=400_000_000,
         metavar="N",
         help="largest decoded request: width*height*bands*dates (413 beyond)",
+    )
+    s.add_argument(
+        "--max-memory-mb",
+        type=float,
+        default=1024.0,
+        metavar="MB",
+        help="estimated memory all admitted requests may hold together (413 for one alone "
+        "over it, 503 beside others; see docs/serving.md)",
     )
     s.add_argument(
         "--allowed-input-dir",
@@ -356,6 +372,7 @@ def _engine_options(args: argparse.Namespace) -> dict[str, Any]:
         "preprocess": args.preprocess,
         "cog": args.cog,
         "allowed_formats": args.allowed_formats,
+        "max_patches": args.max_patches or None,
     }
 
 

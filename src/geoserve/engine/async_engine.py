@@ -26,6 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from geoserve.engine.core import Engine, ImageInput
+from geoserve.engine.heap import limit_arenas, trim_heap
+from geoserve.engine.limits import check_request
 from geoserve.engine.request import Request
 from geoserve.errors import (
     GeoServeError,
@@ -39,6 +41,9 @@ from geoserve.schemas import ImageRequestOutput, OutFormat, TensorRequestOutput
 
 logger = logging.getLogger(__name__)
 
+#: Shortest time between two heap trims when the engine goes idle.
+TRIM_INTERVAL_S = 2.0
+
 
 class AsyncEngine:
     """Runs an :class:`Engine` in a background thread and serves ``await submit(...)``.
@@ -47,6 +52,9 @@ class AsyncEngine:
         engine: The engine to drive (owned by this object from now on).
         max_queued_patches: Bound on patches admitted but not yet through the model.
         max_pixels: Bound on a request's decoded size (width x height x bands x dates).
+        max_memory_mb: Bound on the estimated memory of all admitted requests together
+            (:attr:`Request.memory_bytes`); a request alone over it is refused as too large,
+            one that does not fit beside the admitted ones as queue-full (retry later).
         max_wait_ms: How long a batch may wait for more patches, counted from the oldest
             pending request; 0 runs whatever is queued at once.
         on_batch: Called in the engine thread with each batch's size (for metrics).
@@ -58,12 +66,18 @@ class AsyncEngine:
         *,
         max_queued_patches: int = 4096,
         max_pixels: int = 400_000_000,
+        max_memory_mb: float = 1024.0,
         max_wait_ms: float = 0.0,
         on_batch: Callable[[int], None] | None = None,
     ) -> None:
         self.engine = engine
         self.max_queued_patches = max_queued_patches
         self.max_pixels = max_pixels
+        self.max_memory = int(max_memory_mb * 1024 * 1024)
+        self._memory: dict[str, int] = {}
+        self._remaining = 0  # patches still to run, as the engine thread last counted
+        limit_arenas()
+        self._last_trim = 0.0
         self.max_wait_s = max_wait_ms / 1000
         self.on_batch = on_batch
         self._inbox: queue.Queue[tuple[str, Any]] = queue.Queue()
@@ -83,6 +97,17 @@ class AsyncEngine:
         """Patches admitted and not yet through the model (reserved at admission)."""
         with self._lock:
             return sum(self._reserved.values())
+
+    @property
+    def remaining_patches(self) -> int:
+        """Patches of admitted requests still to go through the model (for metrics)."""
+        return self._remaining
+
+    @property
+    def reserved_memory(self) -> int:
+        """Estimated bytes the admitted requests hold (:attr:`Request.memory_bytes`)."""
+        with self._lock:
+            return sum(self._memory.values())
 
     @property
     def in_flight(self) -> int:
@@ -167,6 +192,9 @@ class AsyncEngine:
                 f"{self.max_pixels}"
             )
         n = len(req.ctx.grid)
+        need = req.memory_bytes
+        mb = 1024 * 1024
+        check_request(req, None, self.max_memory)
         with self._lock:
             queued = sum(self._reserved.values())
             if queued + n > self.max_queued_patches:
@@ -174,7 +202,14 @@ class AsyncEngine:
                     f"queue full: {queued} patches pending, this request needs {n}, "
                     f"limit {self.max_queued_patches}; retry later"
                 )
+            held = sum(self._memory.values())
+            if held + need > self.max_memory:
+                raise QueueFullError(
+                    f"server busy: admitted requests hold about {held // mb} MB, this one "
+                    f"needs {need // mb} MB, limit {self.max_memory // mb} MB; retry later"
+                )
             self._reserved[req.request_id] = n
+            self._memory[req.request_id] = need
 
     def abort(self, request_id: str) -> None:
         """Drop a request (from any thread); its future is cancelled."""
@@ -232,7 +267,17 @@ class AsyncEngine:
                 logger.exception("batch callback failed")
         for result in results:
             self._resolve(result)
+        self._remaining = self.engine.queued_patches
+        if results and not self.engine.has_unfinished():
+            self._trim()
         return True
+
+    def _trim(self) -> None:
+        """Idle again: hand freed heap back to the OS (at most every couple of seconds)."""
+        now = time.monotonic()
+        if now - self._last_trim >= TRIM_INTERVAL_S:
+            self._last_trim = now
+            trim_heap()
 
     def _take_inbox(self, *, block: bool, timeout: float | None) -> bool:
         """Apply queued adds/aborts; False when asked to stop."""
@@ -291,6 +336,7 @@ class AsyncEngine:
     def _release(self, request_id: str) -> None:
         with self._lock:
             self._reserved.pop(request_id, None)
+            self._memory.pop(request_id, None)
 
     def _resolve(self, result: ImageRequestOutput | TensorRequestOutput) -> None:
         self._release(result.request_id)

@@ -31,6 +31,13 @@ from einops import rearrange
 from numpy.typing import NDArray
 
 from geoserve.engine.delivery import ArraySink, OutputSink, make_sink, output_paths
+from geoserve.engine.limits import (
+    DEFAULT_MAX_PATCHES,
+    MB,
+    check_request,
+    default_max_memory,
+    warn_if_disk_short,
+)
 from geoserve.engine.model_loader import build_model, resolve_model
 from geoserve.engine.request import Patch, Request
 from geoserve.errors import (
@@ -114,6 +121,9 @@ class Engine:
         allowed_formats: GDAL formats inputs may be in (default ``GTiff``, which covers COGs);
             any other content is refused without being parsed (see
             :mod:`geoserve.raster.trust`).
+        max_patches: Most patches one request may have (``None``: no limit).
+        max_request_mb: Most memory one request's estimate may take (default: 75 % of the
+            machine's physical memory); see :mod:`geoserve.engine.limits`.
 
     Raises:
         UnknownModelError, ProcessorMismatchError, ConfigError, WeightsError: at start-up.
@@ -143,8 +153,14 @@ class Engine:
         streaming: bool = True,
         cog: bool = False,
         allowed_formats: Sequence[str] = DEFAULT_INPUT_FORMATS,
+        max_patches: int | None = DEFAULT_MAX_PATCHES,
+        max_request_mb: float | None = None,
     ) -> None:
         self.allowed_formats = check_formats(allowed_formats)
+        self.max_patches = max_patches
+        self.max_request_bytes = (
+            default_max_memory() if max_request_mb is None else int(max_request_mb * MB)
+        )
         self.spec, in_proc, out_proc = resolve_model(model)
         auto_batch = max_batch_patches == "auto"
         if not auto_batch and (not isinstance(max_batch_patches, int) or max_batch_patches < 1):
@@ -308,7 +324,7 @@ class Engine:
             for src in sources:
                 src.close()
             raise
-        return Request(
+        req = Request(
             request_id,
             sources,
             ctx,
@@ -324,6 +340,14 @@ class Engine:
             stitch_on=self._stitch_device(out_proc or self.out_proc),
             priority=priority,
         )
+        try:
+            check_request(req, self.max_patches, self.max_request_bytes)
+            if out_format == "path" and req.sink is not None and tensor_shape is None:
+                warn_if_disk_short(output_path or self.output_dir / f"{request_id}.tif", req)
+        except BaseException:
+            req.close()
+            raise
+        return req
 
     def _stitch_device(self, out_proc: OutputProcessor) -> torch.device | None:
         """Where a request's canvas lives: on the device with ``preprocess="device"``.

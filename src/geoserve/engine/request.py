@@ -105,6 +105,40 @@ class Request:
         return len(self.ctx.grid) - self.stitched - self.skipped
 
     @property
+    def memory_bytes(self) -> int:
+        """Estimated peak memory of this request while it streams, from its header alone.
+
+        What a request holds does not follow its pixel count but its *padded row*: every grid
+        row is read ``patch_size`` rows tall over the whole width, so a 1-pixel-tall strip
+        costs as much per row as a full scene of that width. Per request:
+
+        - ``min(prefetch_rows + 2, grid rows)`` grid rows alive (read ahead, being cut,
+          patches queued), each ``P x W' x bands x dates`` values held raw and as float32;
+        - the source's cache of decoded rows (``P`` plus one block of rows, at most ``H``);
+        - the canvas: ``min(P + S, H)`` rows of ``W`` float32 values per output channel, and
+          the weights;
+        - an output held whole in memory (bytes, base64, tensor): ``H x W`` values per output
+          channel (1 byte for class maps, else 4), a third more as base64;
+
+        with ``W' = cols x S + (P - S)`` the padded width. docs/serving.md states the formula.
+        """
+        g = self.ctx.grid
+        p, s = g.patch_size, g.stride
+        padded = g.cols * s + (p - s)
+        values = len(self.ctx.bands) * len(self.sources)
+        raw = max(np.dtype(src.info.dtype).itemsize for src in self.sources)
+        rows = min(self.prefetch_rows + 2, g.rows) * p * padded * values * (4 + raw)
+        cache = min(p + 256, g.height) * g.width * values * raw
+        channels = self.out_proc.out_channels or values
+        canvas = min(p + s, g.height) * g.width * (channels + 1) * 4
+        whole = 0
+        if self.out_format != "path":
+            size = 1 if getattr(self.out_proc, "kind", None) == "classes" else 4
+            whole = g.height * g.width * channels * size * (7 if self.out_format == "b64" else 3)
+            whole //= 3
+        return rows + cache + canvas + whole
+
+    @property
     def is_complete(self) -> bool:
         """All rows read, nothing queued or in the model."""
         return not self.rows_left and not self.queue and self.in_flight == 0

@@ -100,10 +100,13 @@ class _Service:
                 eng,
                 max_queued_patches=s.max_queued_patches,
                 max_pixels=s.max_pixels,
+                max_memory_mb=s.max_memory_mb,
                 max_wait_ms=s.max_wait_ms,
                 on_batch=self.metrics.observe_batch,
             )
-            self.metrics.bind(lambda: async_engine.queued_patches, lambda: async_engine.in_flight)
+            self.metrics.bind(
+                lambda: async_engine.remaining_patches, lambda: async_engine.in_flight
+            )
             self.state["engine"] = async_engine
             logger.info("model %s ready", s.model)
         except Exception as exc:  # reported by /health/ready and every request

@@ -40,7 +40,7 @@ class Metrics:
         )
         self.queue_depth = Gauge(
             "geoserve_queue_depth_patches",
-            "Patches admitted, not yet through the model",
+            "Patches of admitted requests still to go through the model",
             registry=r,
         )
         self.in_flight = Gauge(

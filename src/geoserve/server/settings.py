@@ -53,6 +53,10 @@ class ServerSettings(BaseModel):
     """Largest request body, counted as it streams in; larger gets 413."""
     max_pixels: int = Field(400_000_000, ge=1)
     """Largest decoded request (width x height x bands x dates); larger gets 413."""
+    max_memory_mb: float = Field(1024.0, gt=0)
+    """Estimated memory all admitted requests may hold together while they stream (a request
+    costs its padded row, not its pixel count; see docs/serving.md); over it alone: 413;
+    over it with the admitted ones: 503."""
     allowed_input_dirs: list[Path] = Field(default_factory=list)
     """Directories that ``path`` inputs may name; empty: path inputs are refused."""
     allowed_url_domains: list[str] = Field(default_factory=list)

@@ -1,0 +1,54 @@
+"""Keeping a long-running server's resident memory from creeping up (glibc's heap).
+
+Serving many requests from several threads makes glibc's allocator open an arena per thread
+and keep freed pages of each: resident memory grows request after request while Python's own
+heap stays flat. Two standard remedies, both no-ops where glibc is absent:
+
+- :func:`limit_arenas`: at most :data:`MAX_ARENAS` malloc arenas (``M_ARENA_MAX``, what the
+  ``MALLOC_ARENA_MAX`` environment variable sets; an explicit variable wins);
+- :func:`trim_heap`: ``malloc_trim(0)``, returning freed heap pages to the OS; the async
+  engine calls it when it goes idle.
+
+docs/benchmarks.md has the resident memory of a server after 2,000 requests with and without.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import logging
+import os
+
+logger = logging.getLogger(__name__)
+
+#: Arenas glibc may use (its default is 8 per core).
+MAX_ARENAS = 2
+_M_ARENA_MAX = -8
+
+
+def _libc() -> ctypes.CDLL | None:
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return None
+    try:
+        libc = ctypes.CDLL(name)
+    except OSError:
+        return None
+    return libc if hasattr(libc, "malloc_trim") else None
+
+
+_LIBC = _libc()
+
+
+def limit_arenas(arenas: int = MAX_ARENAS) -> bool:
+    """Cap glibc's malloc arenas (unless MALLOC_ARENA_MAX is set); True if applied."""
+    if _LIBC is None or "MALLOC_ARENA_MAX" in os.environ:
+        return False
+    return bool(_LIBC.mallopt(_M_ARENA_MAX, arenas))
+
+
+def trim_heap() -> bool:
+    """Return freed heap memory to the operating system; True if glibc released some."""
+    if _LIBC is None:
+        return False
+    return bool(_LIBC.malloc_trim(0))
