@@ -128,3 +128,15 @@ class RunsOutOfMemory(nn.Module):
         if x.shape[0] > OOM_ABOVE:
             raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
         return 2 * x
+
+
+@MODEL_REGISTRY.register_model("test-nan")
+@INPUT_REGISTRY.register_input_processor(GeoTiffPatcher(bands=(0,), patch_size=16, stride=16))
+@OUTPUT_REGISTRY.register_output_processor(SegmentationReassembler(classes=("low", "high")))
+class NanWhereLarge(nn.Module):
+    """Two-class logits (-x, x), but NaN where the input is above 1000 (a numerically broken
+    model)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        logits = torch.cat([-x, x], dim=1)
+        return torch.where(x > 1000, torch.full_like(logits, float("nan")), logits)

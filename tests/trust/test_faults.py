@@ -328,3 +328,32 @@ def _tiny() -> bytes:
         with mem.open(driver="GTiff", width=20, height=20, count=3, dtype="uint16") as ds:
             ds.write(np.ones((3, 20, 20), np.uint16))
         return bytes(mem.read())
+
+
+# -- the CLI stopped by a signal ------------------------------------------------------------------
+
+
+def test_cli_sigterm_leaves_no_temporary_and_stale_ones_are_swept(tmp_path):
+    src = write_geotiff(tmp_path / "s.tif", np.ones((3, 2048, 2048), np.uint16))
+    out = tmp_path / "out" / "o.tif"
+    out.parent.mkdir()
+    stale = out.parent / ".o.tif.999999999-deadbeef.tmp"  # of a process that no longer exists
+    stale.write_bytes(b"half a file")
+    args = ["predict", str(src), "-o", str(out), "-m", "identity", "--patch-size", "16"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "geoserve", *args, "--stride", "16", "--blend", "none"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 120
+    while not any(p.name.startswith(f".o.tif.{proc.pid}-") for p in out.parent.iterdir()):
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "the run never started writing"
+        time.sleep(0.05)
+    assert not stale.exists()  # swept when the run began writing its own
+    proc.terminate()
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "interrupted" in err
+    assert leftovers(out.parent) == []

@@ -1,7 +1,7 @@
 """The GeoTIFF patcher: geoserve's input processor.
 
 It selects bands (by 0-based index or by band description), applies the model's scale factor and
-per-band mean/std, masks nodata (the declared value, and NaN), fills masked pixels with
+per-band mean/std, masks nodata (the declared value, NaN and ±inf), fills masked pixels with
 ``fill`` (in normalised units, so 0 means "the band mean"), and cuts the image into the patches of
 the request's :class:`~geoserve.raster.grid.PatchGrid`. Several inputs form the T dates of one
 place and give (C, T, P, P) patches, the layout Prithvi models take.
@@ -342,10 +342,10 @@ def _take(arr: NDArray[Any], idx: NDArray[np.intp], axis: int) -> NDArray[Any]:
 
 
 def _invalid(raw: NDArray[Any], nodata: float | None) -> NDArray[np.bool_] | None:
-    """(rows, width) mask of pixels where any band is nodata or NaN; None if there are none."""
+    """(rows, width) mask of pixels where any band is nodata, NaN or ±inf; None if none."""
     bad = None
     if raw.dtype.kind == "f":
-        bad = np.isnan(raw).any(axis=0)
+        bad = ~np.isfinite(raw).all(axis=0)
     if nodata is not None and not np.isnan(nodata):
         eq = (raw == nodata).any(axis=0)
         bad = eq if bad is None else bad | eq

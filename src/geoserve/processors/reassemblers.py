@@ -9,8 +9,11 @@ class code range (255 / 65535), so nodata never collides with a class.
 from __future__ import annotations
 
 import dataclasses
+import logging
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -19,6 +22,8 @@ from numpy.typing import NDArray
 from geoserve.errors import ConfigError
 from geoserve.processors.base import OUTPUT_KINDS, OutputKind, OutputProcessor, RasterContext
 from geoserve.raster.write import OutputRaster
+
+logger = logging.getLogger(__name__)
 
 #: Default class colours (RGB), cycled when a model declares more classes.
 PALETTE: tuple[tuple[int, int, int], ...] = (
@@ -84,8 +89,12 @@ class SegmentationReassembler(OutputProcessor):
         """
         if self.kind != "classes":
             return blended
-        small = len(self.classes) <= 256
-        return blended.argmax(dim=0, keepdim=True).to(torch.uint8 if small else torch.int32)
+        small = len(self.classes) < 255
+        index = blended.argmax(dim=0, keepdim=True).to(torch.uint8 if small else torch.int32)
+        bad = ~torch.isfinite(blended).all(dim=0, keepdim=True)
+        if bool(bad.any()):  # a model that returned NaN or inf there: no class, nodata
+            index[bad] = 255 if small else 65535
+        return index
 
     def finalize(
         self,
@@ -101,8 +110,15 @@ class SegmentationReassembler(OutputProcessor):
             dtype = np.uint8 if n < 255 else np.uint16
             nodata = int(np.iinfo(dtype).max)
             # class indices already taken on the device (see reduce_rows), or logits
-            index = blended[0] if blended.dtype.kind in "iu" else blended.argmax(axis=0)
+            if blended.dtype.kind in "iu":
+                index = blended[0]
+            else:
+                index = blended.argmax(axis=0)
+                bad = ~np.isfinite(blended).all(axis=0)
+                if bad.any():  # a model that returned NaN or inf there: no class, nodata
+                    index[bad] = nodata
             out = index.astype(dtype)[np.newaxis]
+            _count_nonfinite(out[0], nodata, valid)
             if valid is not None:
                 out[0, ~valid] = nodata
             colors = self.colors or tuple(PALETTE[i % len(PALETTE)] for i in range(n))
@@ -185,6 +201,26 @@ class RawReassembler(OutputProcessor):
                 per_band = np.resize(np.asarray(factors, dtype=np.float32), n)
                 values = op(values, per_band[:, None, None])
         return _float_output(values, valid, masked, names, {"GEOSERVE_OUTPUT": "raw"})
+
+
+#: Pixels of class maps where the model returned NaN or inf (written as nodata); a process-wide
+#: count for the server's metrics.
+NONFINITE_PIXELS = [0]
+_count_lock = threading.Lock()
+
+
+def _count_nonfinite(
+    out: NDArray[np.integer[Any]], nodata: int, valid: NDArray[np.bool_] | None
+) -> None:
+    """Count (and warn about) nodata pixels the input did not ask for: the model's NaN/inf."""
+    marked = out == nodata
+    if valid is not None:
+        marked &= valid
+    n = int(marked.sum())
+    if n:
+        with _count_lock:
+            NONFINITE_PIXELS[0] += n
+        logger.warning("the model returned NaN or inf for %d pixel(s); written as nodata", n)
 
 
 def _softmax(x: NDArray[np.float32]) -> NDArray[np.float32]:

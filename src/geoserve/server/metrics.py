@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from geoserve.processors.reassemblers import NONFINITE_PIXELS
 from geoserve.schemas import StageTimings
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
@@ -60,6 +61,12 @@ class Metrics:
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
+        self.nonfinite = Gauge(
+            "geoserve_nonfinite_output_pixels",
+            "Class-map pixels the model returned NaN or inf for (written as nodata)",
+            registry=r,
+        )
+        self.nonfinite.set_function(lambda: NONFINITE_PIXELS[0])
         self._max_batch = max_batch_patches
 
     def bind(self, queue_depth: Callable[[], float], in_flight: Callable[[], float]) -> None:

@@ -1,0 +1,240 @@
+"""What a request may cost: memory, time, size; and client mistakes answered as such.
+
+Each limit is checked on the header, before pixels are decoded, and named in the answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http.server
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+from rasterio.io import MemoryFile
+
+from geoserve import Engine
+from geoserve.errors import PayloadTooLargeError
+from tests.conftest import write_geotiff
+from tests.server.conftest import running_server
+
+
+def strip(width: int, bands: int = 13, height: int = 1) -> bytes:
+    """A tiny upload whose padded rows are huge: ``height`` x ``width`` pixels."""
+    with MemoryFile() as mem:
+        with mem.open(
+            driver="GTiff",
+            width=width,
+            height=height,
+            count=bands,
+            dtype="uint16",
+            compress="deflate",
+        ) as ds:
+            ds.write(np.ones((bands, height, width), np.uint16))
+        return bytes(mem.read())
+
+
+def test_a_thin_strip_is_refused_for_what_it_would_cost_not_its_pixels():
+    raw = strip(200_704)
+    assert len(raw) < 200_000  # a small upload, a tiny pixel count...
+    with running_server(model="identity") as url:
+        resp = httpx.post(f"{url}/v1/images", files={"file": ("s.tif", raw)}, timeout=60)
+    assert resp.status_code == 413, resp.text
+    message = resp.json()["message"]
+    assert "streaming it would hold about" in message
+    assert "over the limit of 1024 MB" in message
+
+
+def test_admitted_requests_share_one_memory_bound(tmp_path, monkeypatch):
+    monkeypatch.setenv("GEOSERVE_TEST_SLOW", "0.2")
+    path = write_geotiff(tmp_path / "s.tif", np.ones((1, 64, 640), np.float32))
+    with Engine("test-slow") as eng:
+        req = eng.prepare_request(str(path), out_format="bytes")
+        need = req.memory_bytes
+        req.close()
+    limit_mb = 1.5 * need / 2**20  # one fits, two do not
+    raw = path.read_bytes()
+    with running_server(model="test-slow", max_batch_patches=1, max_memory_mb=limit_mb) as url:
+
+        async def two() -> list[httpx.Response]:
+            async with httpx.AsyncClient(base_url=url, timeout=60) as ac:
+                first = asyncio.create_task(ac.post("/v1/images", files={"file": ("a.tif", raw)}))
+                await asyncio.sleep(0.5)
+                second = await ac.post("/v1/images", files={"file": ("b.tif", raw)})
+                return [await first, second]
+
+        first, second = asyncio.run(two())
+    assert first.status_code == 200, first.text
+    assert second.status_code == 503, second.text
+    assert "Retry-After" in second.headers
+    assert "server busy" in second.json()["message"]
+
+
+def test_the_python_api_and_cli_refuse_inputs_over_the_patch_limit(tmp_path):
+    path = write_geotiff(tmp_path / "big.tif", np.ones((3, 64, 64), np.uint16))
+    with (
+        Engine("test-seg", max_patches=10) as eng,
+        pytest.raises(PayloadTooLargeError, match=r"makes 36 patches, over the limit of 10"),
+    ):
+        eng.generate_image(str(path), out_format="tensor")
+    out = tmp_path / "o.tif"
+    args = ["predict", str(path), "-o", str(out), "-m", "identity", "--patch-size", "16"]
+    res = subprocess.run(
+        [sys.executable, "-m", "geoserve", *args, "--stride", "16", "--max-patches", "10"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert res.returncode == 1
+    assert "makes 16 patches, over the limit of 10 (raise it with" in res.stderr
+    assert not out.exists()
+
+
+# -- remote inputs that never finish ------------------------------------------------------------
+
+
+@contextmanager
+def trickle_server(bytes_per_s: float = 10.0) -> Iterator[tuple[str, dict[str, Any]]]:
+    """A loopback HTTP server that sends a body very slowly (no range support)."""
+    state: dict[str, Any] = {"open": 0, "closed": 0}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_HEAD(self) -> None:  # noqa: N802
+            self.send_response(200)
+            self.send_header("Content-Length", "100000")
+            self.end_headers()
+
+        def do_GET(self) -> None:  # noqa: N802
+            state["open"] += 1
+            self.send_response(200)
+            self.send_header("Content-Length", "100000")
+            self.end_headers()
+            try:
+                for _ in range(100000):
+                    self.wfile.write(b"I")
+                    self.wfile.flush()
+                    time.sleep(1 / bytes_per_s)
+            except OSError:
+                pass
+            finally:
+                state["closed"] += 1
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    httpd.daemon_threads = True
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}", state
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def test_a_trickling_url_is_cut_off_at_the_request_deadline():
+    with (
+        trickle_server() as (base, state),
+        running_server(
+            model="test-seg", allowed_url_domains=["127.0.0.1"], request_timeout_s=2
+        ) as url,
+    ):
+        t0 = time.monotonic()
+        resp = httpx.post(
+            f"{url}/v1/images", json={"data": f"{base}/s.tif", "data_format": "url"}, timeout=60
+        )
+        took = time.monotonic() - t0
+        assert resp.status_code == 504, resp.text
+        assert "did not finish within 2 s" in resp.json()["message"]
+        assert took < 5
+        deadline = time.monotonic() + 5
+        while state["closed"] < state["open"]:
+            assert time.monotonic() < deadline, "the download was left running"
+            time.sleep(0.05)
+
+
+def test_a_client_leaving_cancels_its_download():
+    with (
+        trickle_server() as (base, state),
+        running_server(model="test-seg", allowed_url_domains=["127.0.0.1"]) as url,
+    ):
+
+        async def leave() -> None:
+            async with httpx.AsyncClient(base_url=url, timeout=60) as ac:
+                body = {"data": f"{base}/s.tif", "data_format": "url"}
+                task = asyncio.create_task(ac.post("/v1/images", json=body))
+                while not state["open"]:
+                    await asyncio.sleep(0.05)
+                task.cancel()
+
+        asyncio.run(leave())
+        deadline = time.monotonic() + 5
+        while state["closed"] < state["open"]:
+            assert time.monotonic() < deadline, "the download outlived its client"
+            time.sleep(0.05)
+
+
+# -- client mistakes are 4xx with a message -----------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def plain_server() -> Iterator[str]:
+    with running_server(model="test-seg") as url:
+        yield url
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "status", "needle"),
+    [
+        ({"files": {"file": ("e.tif", b"")}}, 400, "'file' part 0 (e.tif) is empty"),
+        ({"json": {"data": ""}}, 422, "data"),
+        ({"json": {"data": []}}, 422, "data"),
+        ({"json": {"data": ["ok", ""]}}, 422, "data"),
+        ({"content": b"", "headers": {"content-type": "application/json"}}, 400, "body is empty"),
+        ({"content": b"[" * 100_000 + b"]" * 100_000}, 400, "nested too deeply"),
+        ({"json": {"data": {"data": "x"}}}, 422, "data"),
+    ],
+)
+def test_client_mistakes_are_4xx(plain_server, kwargs, status, needle):
+    resp = httpx.post(f"{plain_server}/v1/images", timeout=30, **kwargs)
+    assert resp.status_code == status, resp.text
+    assert needle in resp.json()["message"]
+    assert "Traceback" not in resp.text
+    pooled = httpx.post(f"{plain_server}/pooling", json={"data": {"data": ""}}, timeout=30)
+    assert pooled.status_code == 422
+
+
+def test_infinite_input_values_are_nodata(tmp_path):
+    data = np.full((3, 20, 20), 150.0, np.float32)
+    data[0, 3, 4] = np.inf
+    data[1, 10, 11] = -np.inf
+    path = write_geotiff(tmp_path / "inf.tif", data)
+    with Engine("test-seg") as eng:
+        out = eng.generate_image(str(path), out_format="tensor").outputs.tensor.numpy()
+    assert out[0, 3, 4] == 255
+    assert out[0, 10, 11] == 255
+    assert (out != 255).sum() == 400 - 2
+
+
+@pytest.mark.parametrize("preprocess", ["host", "device"])
+def test_nan_model_outputs_are_nodata_and_counted(tmp_path, preprocess):
+    from geoserve.processors.reassemblers import NONFINITE_PIXELS
+
+    data = np.full((1, 20, 20), 5.0, np.float32)
+    data[0, 2:4, 5:8] = 5000.0  # the model returns NaN for these 6 pixels
+    data[0, 10, 10] = -5.0
+    path = write_geotiff(tmp_path / "s.tif", data)
+    before = NONFINITE_PIXELS[0]
+    with Engine("test-nan", preprocess=preprocess) as eng:
+        out = eng.generate_image(str(path), out_format="tensor").outputs.tensor.numpy()[0]
+    assert (out[2:4, 5:8] == 255).all()
+    assert out[10, 10] == 0
+    assert (out == 1).sum() == 400 - 6 - 1
+    assert NONFINITE_PIXELS[0] - before == 6
