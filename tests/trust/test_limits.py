@@ -6,7 +6,9 @@ Each limit is checked on the header, before pixels are decoded, and named in the
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import http.server
+import signal
 import subprocess
 import sys
 import threading
@@ -100,20 +102,42 @@ def test_the_python_api_and_cli_refuse_inputs_over_the_patch_limit(tmp_path):
 # -- remote inputs that never finish ------------------------------------------------------------
 
 
+#: What a shutdown may take beyond --shutdown-timeout: uvicorn's last second, closing the
+#: engine and the process; plus, for a remote read GDAL is in, GDAL_HTTP_LOW_SPEED_TIME.
+SHUTDOWN_SLACK_S = {"download": 6, "range": 6 + 10}
+
+
 @contextmanager
-def trickle_server(bytes_per_s: float = 10.0) -> Iterator[tuple[str, dict[str, Any]]]:
-    """A loopback HTTP server that sends a body very slowly (no range support)."""
+def trickle_server(
+    bytes_per_s: float = 10.0, ranges: bool = False
+) -> Iterator[tuple[str, dict[str, Any]]]:
+    """A loopback HTTP server that sends bodies very slowly (the first 4 KB of a GeoTIFF
+    header fast when ``ranges``, so the in-place read gets as far as GDAL)."""
     state: dict[str, Any] = {"open": 0, "closed": 0}
+    head = strip(4096, bands=1, height=4096)
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_HEAD(self) -> None:  # noqa: N802
             self.send_response(200)
-            self.send_header("Content-Length", "100000")
+            self.send_header("Content-Length", str(len(head) if ranges else 100000))
+            if ranges:
+                self.send_header("Accept-Ranges", "bytes")
             self.end_headers()
 
         def do_GET(self) -> None:  # noqa: N802
+            rng = self.headers.get("Range")
+            if ranges and rng:
+                start, _, stop = rng.removeprefix("bytes=").partition("-")
+                a, b = int(start), min(int(stop or len(head) - 1), len(head) - 1)
+                if a == 0 and b < 16384:  # the header: at once
+                    self.send_response(206)
+                    self.send_header("Content-Range", f"bytes {a}-{b}/{len(head)}")
+                    self.send_header("Content-Length", str(b - a + 1))
+                    self.end_headers()
+                    self.wfile.write(head[a : b + 1])
+                    return
             state["open"] += 1
-            self.send_response(200)
+            self.send_response(206 if rng else 200)
             self.send_header("Content-Length", "100000")
             self.end_headers()
             try:
@@ -238,3 +262,63 @@ def test_nan_model_outputs_are_nodata_and_counted(tmp_path, preprocess):
     assert out[10, 10] == 0
     assert (out == 1).sum() == 400 - 6 - 1
     assert NONFINITE_PIXELS[0] - before == 6
+
+
+@pytest.mark.parametrize("reads", ["download", "range"])
+def test_sigterm_with_a_trickling_input_in_flight_exits_within_the_drain(tmp_path, reads):
+    from tests.server.conftest import free_port
+
+    port = free_port()
+    with trickle_server(ranges=reads == "range") as (base, state):
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "geoserve",
+                "serve",
+                "-m",
+                "identity",
+                "--port",
+                str(port),
+                "--allowed-url-domain",
+                "127.0.0.1",
+                "--url-reads",
+                reads,
+                "--shutdown-timeout",
+                "2",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        url = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.monotonic() + 120
+            while True:
+                try:
+                    if httpx.get(f"{url}/health/ready", timeout=2).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                assert proc.poll() is None
+                assert time.monotonic() < deadline
+                time.sleep(0.2)
+
+            def post() -> None:
+                with contextlib.suppress(httpx.HTTPError):
+                    body = {"data": f"{base}/s.tif", "data_format": "url"}
+                    httpx.post(f"{url}/v1/images", json=body, timeout=60)
+
+            threading.Thread(target=post, daemon=True).start()
+            deadline = time.monotonic() + 30
+            while not state["open"]:
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+            t0 = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=60)
+            took = time.monotonic() - t0
+        finally:
+            proc.kill()
+    print(f"shutdown with a trickling {reads} input in flight took {took:.1f} s")
+    assert took < 2 + SHUTDOWN_SLACK_S[reads], took

@@ -43,7 +43,7 @@ ALLOWABLE_INPUT_FORMATS: tuple[str, ...] = ("GTiff", "COG", "JP2OpenJPEG", "PNG"
 GDAL_HTTP_DEFAULTS: dict[str, str] = {
     "GDAL_HTTP_CONNECTTIMEOUT": "10",
     "GDAL_HTTP_TIMEOUT": "60",  # one range request, start to end
-    "GDAL_HTTP_LOW_SPEED_TIME": "15",  # abort a transfer slower than ...
+    "GDAL_HTTP_LOW_SPEED_TIME": "10",  # abort a transfer slower than ...
     "GDAL_HTTP_LOW_SPEED_LIMIT": "1024",  # ... this many bytes/s for that long
     "GDAL_HTTP_MAX_RETRY": "0",
     "GDAL_HTTP_NETRC": "NO",  # never send the host's ~/.netrc credentials anywhere

@@ -61,7 +61,9 @@ def serve(settings: ServerSettings) -> int:
         port=settings.port,
         log_level="info",
         lifespan="on",
-        timeout_graceful_shutdown=max(1, int(settings.shutdown_timeout_s) + 1),
+        # the drain above already gave in-flight requests their time: uvicorn then only
+        # closes what is left (cancelled handlers answer 503), it must not wait that long again
+        timeout_graceful_shutdown=1,
     )
     server = DrainingServer(config, app, settings.shutdown_timeout_s)
     server.run()
