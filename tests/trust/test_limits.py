@@ -304,12 +304,15 @@ def test_sigterm_with_a_trickling_input_in_flight_exits_within_the_drain(tmp_pat
                 assert time.monotonic() < deadline
                 time.sleep(0.2)
 
+            answers: list[httpx.Response] = []
+
             def post() -> None:
                 with contextlib.suppress(httpx.HTTPError):
                     body = {"data": f"{base}/s.tif", "data_format": "url"}
-                    httpx.post(f"{url}/v1/images", json=body, timeout=60)
+                    answers.append(httpx.post(f"{url}/v1/images", json=body, timeout=60))
 
-            threading.Thread(target=post, daemon=True).start()
+            client = threading.Thread(target=post, daemon=True)
+            client.start()
             deadline = time.monotonic() + 30
             while not state["open"]:
                 assert time.monotonic() < deadline
@@ -318,7 +321,11 @@ def test_sigterm_with_a_trickling_input_in_flight_exits_within_the_drain(tmp_pat
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=60)
             took = time.monotonic() - t0
+            client.join(timeout=10)
         finally:
             proc.kill()
+    # the request still in flight when the drain ran out was told so, in JSON
+    assert [a.status_code for a in answers] == [503]
+    assert answers[0].json()["type"] == "ShuttingDownError"
     print(f"shutdown with a trickling {reads} input in flight took {took:.1f} s")
     assert took < 2 + SHUTDOWN_SLACK_S[reads], took

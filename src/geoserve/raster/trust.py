@@ -19,6 +19,12 @@ found by listing the directory. So geoserve never lets GDAL choose:
 A GeoTIFF cannot name another file or URL: what an allowed input can make GDAL read is that
 input, and nothing else. docs/serving.md ("Security model") lists the whole boundary.
 
+Two GDAL knobs are deliberately not used. ``CPL_VSIL_CURL_ALLOWED_EXTENSIONS`` guards against
+chained ``/vsicurl/`` opens, which the allow-list already rules out, and would refuse
+legitimate URLs without a ``.tif`` suffix. GDAL (3.10) has no option to stop ``/vsicurl/``
+following redirects: the server checks a URL itself, without redirects, before GDAL sees it,
+and ``--url-reads download`` keeps GDAL off the network altogether.
+
 This module imports nothing from geoserve but its errors.
 """
 
