@@ -20,6 +20,7 @@ from numpy.typing import NDArray
 from rasterio.enums import Resampling
 
 from geoserve.errors import OutputWriteError
+from geoserve.raster.trust import open_allowed
 
 _RGB_NAMES = (("B4", "B3", "B2"), ("RED", "GREEN", "BLUE"), ("B04", "B03", "B02"))
 
@@ -87,7 +88,7 @@ def render_quicklook(
     from matplotlib.colors import ListedColormap
     from matplotlib.patches import Patch
 
-    with rasterio.open(input_path) as src:
+    with open_allowed(str(input_path)) as src:  # never by GDAL's sniffing
         rgb = _stretch(_read(src, _rgb_bands(src), max_side))
         caption = _caption(src)
     with rasterio.open(output_path) as out:

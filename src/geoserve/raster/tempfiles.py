@@ -1,11 +1,12 @@
 """Temporary output files: how they are named, and how none is ever left behind for long.
 
-An output is written to ``.<target name>.<pid>-<random>.tmp`` beside its target and renamed into
-place when complete. A temporary that cannot be removed when its request fails (its directory
-turned read-only, say) is remembered and removed by the next writer of this process once it
-can be; one left by a process that was killed (SIGKILL, a crash) is recognised by its process
-id and removed by :func:`sweep` (the CLI sweeps beside its targets, the server its output
-directory at start-up).
+An output is written to ``.<target name>.<host>-<pid>-<random>.tmp`` beside its target and
+renamed into place when complete. A temporary that cannot be removed when its request fails
+(its directory turned read-only, say) is remembered and removed by the next writer of this
+process once it can be; one left by a process that was killed (SIGKILL, a crash) is recognised
+by its process id and removed by :func:`sweep` (each file writer sweeps beside its target, the
+server its output directory at start-up). Only temporaries of this host are ever swept: on a
+shared file system another host's process ids mean nothing here.
 """
 
 from __future__ import annotations
@@ -13,13 +14,15 @@ from __future__ import annotations
 import logging
 import os
 import re
+import socket
 import threading
 import uuid
 from pathlib import Path
 
 logger = logging.getLogger(__name__)
 
-_PATTERN = re.compile(r"^\.(?P<name>.+)\.(?P<pid>\d+)-[0-9a-f]{8}\.tmp$")
+_HOST = re.sub(r"[^A-Za-z0-9]", "", socket.gethostname())[:32] or "host"
+_PATTERN = re.compile(r"^\.(?P<name>.+)\.(?P<host>[A-Za-z0-9]+)-(?P<pid>\d+)-[0-9a-f]{8}\.tmp$")
 _lock = threading.Lock()
 _live: set[Path] = set()  # temporaries of this process still being written
 _orphans: set[Path] = set()  # temporaries of this process that could not be removed yet
@@ -27,7 +30,7 @@ _orphans: set[Path] = set()  # temporaries of this process that could not be rem
 
 def new_temporary(target: Path) -> Path:
     """A fresh temporary name beside ``target``, registered as live."""
-    tmp = target.with_name(f".{target.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp")
+    tmp = target.with_name(f".{target.name}.{_HOST}-{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp")
     with _lock:
         _live.add(tmp)
     return tmp
@@ -83,7 +86,9 @@ def sweep(directory: Path, target_name: str | None = None) -> int:
         return 0
     for entry in entries:
         match = _PATTERN.match(entry.name)
-        if match is None or (target_name is not None and match["name"] != target_name):
+        if match is None or match["host"] != _HOST:
+            continue
+        if target_name is not None and match["name"] != target_name:
             continue
         path = Path(entry.path)
         pid = int(match["pid"])
