@@ -345,7 +345,7 @@ async def wave(url: str, body: bytes, n: int, timeout: float) -> list[dict[str, 
             return {"status": type(exc).__name__, "s": round(time.perf_counter() - t0, 2)}
         out: dict[str, Any] = {"status": resp.status_code, "s": round(time.perf_counter() - t0, 2)}
         if resp.status_code != 200:
-            out["message"] = resp.text[:200]
+            out["message"] = resp.text[:240]
         return out
 
     limits = httpx.Limits(max_connections=n + 4)
@@ -376,10 +376,11 @@ def run_amplification(server: Server, a: argparse.Namespace) -> dict[str, Any]:
             "rss_before_mb": before["VmRSS"],
             "rss_after_mb": after["VmRSS"],
             "rss_peak_mb": after["VmHWM"],
-            "answers": answers,
+            "answers": [[x["status"], x["s"]] for x in answers],
+            "messages": sorted({x["message"] for x in answers if "message" in x})[:3],
         }
         res["waves"].append(w)
-        log({"amplification_wave": {k: v for k, v in w.items() if k != "answers"}})
+        log({"amplification_wave": {k: v for k, v in w.items() if k != "messages"}})
     res["rss_peak_mb"] = server.mem()["VmHWM"]
     res["watchdog_peak_rss_mb"] = server.peak_rss_mb
     return res

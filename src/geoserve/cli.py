@@ -583,7 +583,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         settings = ServerSettings(**values)
     except ValidationError as exc:
         first = exc.errors()[0]
-        raise ConfigError(f"--{'-'.join(map(str, first['loc']))}: {first['msg']}") from None
+        flag = "-".join(map(str, first["loc"])).replace("_", "-")
+        message = str(first["msg"]).removeprefix("Value error, ")
+        raise ConfigError(f"--{flag}: {message}") from None
     for directory in [*settings.allowed_input_dirs, settings.output_dir]:
         if directory is not None and not directory.is_dir():
             raise ConfigError(f"{directory}: not a directory")
