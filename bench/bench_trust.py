@@ -36,6 +36,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,7 @@ from typing import Any
 import httpx
 import numpy as np
 import rasterio
+from rasterio.errors import NotGeoreferencedWarning
 from rasterio.io import MemoryFile
 from rasterio.windows import Window
 
@@ -80,12 +82,21 @@ def crops(scene: Path) -> list[bytes]:
 
 
 def strip(width: int = STRIP_WIDTH, bands: int = STRIP_BANDS) -> bytes:
-    """A small upload (one row, deflate) whose padded rows are huge."""
-    with MemoryFile() as mem:
+    """A small upload (one row, deflate, ~100 KB) whose padded rows are huge.
+
+    Mostly one value with 0.85% seeded noise, so that it deflates to about 100 KB rather than
+    the few KB of a constant image; what it costs the server does not depend on the values.
+    """
+    rng = np.random.default_rng(0)
+    data = np.full((bands, 1, width), 1000, np.uint16)
+    noisy = rng.random(data.shape) < 0.0085
+    data[noisy] = rng.integers(0, 4096, int(noisy.sum()))
+    with MemoryFile() as mem, warnings.catch_warnings():
+        warnings.simplefilter("ignore", NotGeoreferencedWarning)  # no transform: none needed
         with mem.open(
             driver="GTiff", width=width, height=1, count=bands, dtype="uint16", compress="deflate"
         ) as ds:
-            ds.write(np.ones((bands, 1, width), np.uint16))
+            ds.write(data)
         return bytes(mem.read())
 
 
@@ -396,8 +407,8 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--soak-clients", type=int, default=8)
     ap.add_argument("--amp-requests", type=int, default=8, help="strips per wave (two waves)")
     ap.add_argument("--amp-timeout", type=float, default=150.0, help="client timeout per strip")
-    ap.add_argument("--rss-cap-mb", type=float, default=12_000.0, help="watchdog: server RSS")
-    ap.add_argument("--min-available-mb", type=float, default=3_000.0, help="watchdog: machine")
+    ap.add_argument("--rss-cap-mb", type=float, default=16_000.0, help="watchdog: server RSS")
+    ap.add_argument("--min-available-mb", type=float, default=2_500.0, help="watchdog: machine")
     ap.add_argument("--skip", default="", help="comma list of parts to skip: load,soak,amp")
     return ap.parse_args()
 
