@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from geoserve.engine.core import Engine, ImageInput
-from geoserve.engine.heap import limit_arenas, trim_heap
+from geoserve.engine.heap import trim_heap
 from geoserve.engine.limits import check_request
 from geoserve.engine.request import Request
 from geoserve.errors import (
@@ -41,8 +41,9 @@ from geoserve.schemas import ImageRequestOutput, OutFormat, TensorRequestOutput
 
 logger = logging.getLogger(__name__)
 
-#: Shortest time between two heap trims when the engine goes idle.
-TRIM_INTERVAL_S = 2.0
+#: Shortest time between two heap trims under load, and when the engine goes idle.
+TRIM_INTERVAL_S = 5.0
+IDLE_TRIM_INTERVAL_S = 1.0
 
 
 class AsyncEngine:
@@ -76,7 +77,6 @@ class AsyncEngine:
         self.max_memory = int(max_memory_mb * 1024 * 1024)
         self._memory: dict[str, int] = {}
         self._remaining = 0  # patches still to run, as the engine thread last counted
-        limit_arenas()
         self._last_trim = 0.0
         self.max_wait_s = max_wait_ms / 1000
         self.on_batch = on_batch
@@ -268,14 +268,17 @@ class AsyncEngine:
         for result in results:
             self._resolve(result)
         self._remaining = self.engine.queued_patches
-        if results and not self.engine.has_unfinished():
-            self._trim()
+        if results:
+            self._trim(idle=not self.engine.has_unfinished())
         return True
 
-    def _trim(self) -> None:
-        """Idle again: hand freed heap back to the OS (at most every couple of seconds)."""
+    def _trim(self, idle: bool) -> None:
+        """Requests finished: hand freed heap back to the OS.
+
+        At once when the engine went idle, else at most every :data:`TRIM_INTERVAL_S`.
+        """
         now = time.monotonic()
-        if now - self._last_trim >= TRIM_INTERVAL_S:
+        if now - self._last_trim >= (IDLE_TRIM_INTERVAL_S if idle else TRIM_INTERVAL_S):
             self._last_trim = now
             trim_heap()
 
