@@ -16,6 +16,8 @@ the server imports; the server reports ``geoserve.__file__``), and measures:
    the server's RSS after start-up, before and after each wave, and its peak (VmHWM).
    A watchdog kills the server if its RSS passes ``--rss-cap-mb`` or the machine's
    MemAvailable falls under ``--min-available-mb``, and says so in the result.
+4. Worst case: on that server, waves of the costliest strips the default bounds still admit
+   (one at a time at 58,000 px, four at a time at 14,500 px); the server's peak RSS.
 
 Not a test: figures depend on the machine. Prints one JSON object and writes it to ``--out``.
 
@@ -397,6 +399,31 @@ def run_amplification(server: Server, a: argparse.Namespace) -> dict[str, Any]:
     return res
 
 
+#: Strip widths whose estimate just fits the default 1024 MB bound: one at a time, and four.
+WORST = ((58_000, 8), (14_500, 16))
+
+
+def run_worst(server: Server, a: argparse.Namespace) -> dict[str, Any]:
+    """Waves of the costliest strips the default bounds still admit: the worst case they allow."""
+    res: dict[str, Any] = {"rss_before_mb": server.mem()["VmRSS"], "waves": []}
+    for width, n in WORST:
+        if not server.alive():
+            break
+        answers = asyncio.run(wave(server.url, strip(width), n, a.amp_timeout))
+        res["waves"].append(
+            {
+                "upload": f"1 x {width} px, {STRIP_BANDS} bands uint16",
+                "requests": n,
+                "statuses": dict(collections.Counter(str(x["status"]) for x in answers)),
+                "rss_after_mb": server.mem()["VmRSS"],
+                "rss_peak_mb": server.mem()["VmHWM"],
+            }
+        )
+        log({"worst_wave": res["waves"][-1]})
+    res["rss_peak_mb"] = server.mem()["VmHWM"]
+    return res
+
+
 def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     ap.add_argument("--src", type=Path, default=ROOT, help="geoserve source tree (default: this)")
@@ -409,7 +436,7 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--amp-timeout", type=float, default=150.0, help="client timeout per strip")
     ap.add_argument("--rss-cap-mb", type=float, default=16_000.0, help="watchdog: server RSS")
     ap.add_argument("--min-available-mb", type=float, default=2_500.0, help="watchdog: machine")
-    ap.add_argument("--skip", default="", help="comma list of parts to skip: load,soak,amp")
+    ap.add_argument("--skip", default="", help="comma list of parts to skip: load,soak,amp,worst")
     return ap.parse_args()
 
 
@@ -447,6 +474,8 @@ def main() -> dict[str, Any]:
         server.start(a.rss_cap_mb, a.min_available_mb)
         try:
             report["amplification"] = run_amplification(server, a)
+            if "worst" not in skip:
+                report["worst_case"] = run_worst(server, a)
         finally:
             report["amp_server"] = server.stop()
     report["total_s"] = round(time.perf_counter() - t_start, 1)
