@@ -181,7 +181,9 @@ BOUNDED_RUN = textwrap.dedent(
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     try:
         engine.generate_image(src, output_path=dst)
-    except MemoryError as exc:
+    except Exception as exc:  # MemoryError, or the request failed alone on one
+        if "MemoryError" not in repr(exc) + str(exc):
+            raise
         print("MemoryError", exc)
         sys.exit(3)
     print("done")

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import re
+import hashlib
+import os
 import socket
 import subprocess
 import sys
@@ -339,9 +340,13 @@ def test_cli_sigterm_leaves_no_temporary_and_stale_ones_are_swept(tmp_path):
     src = write_geotiff(tmp_path / "s.tif", np.ones((3, 2048, 2048), np.uint16))
     out = tmp_path / "out" / "o.tif"
     out.parent.mkdir()
-    host = re.sub(r"[^A-Za-z0-9]", "", socket.gethostname())[:32] or "host"
+    host = hashlib.sha1(socket.gethostname().encode()).hexdigest()[:12]
     stale = out.parent / f".o.tif.{host}-999999999-deadbeef.tmp"  # of a process now gone
     stale.write_bytes(b"half a file")
+    hour_ago = time.time() - 3600
+    os.utime(stale, (hour_ago, hour_ago))
+    fresh = out.parent / f".o.tif.{host}-999999998-deadbeef.tmp"  # too recent to be sure
+    fresh.write_bytes(b"maybe another container's")
     args = ["predict", str(src), "-o", str(out), "-m", "identity", "--patch-size", "16"]
     proc = subprocess.Popen(
         [sys.executable, "-m", "geoserve", *args, "--stride", "16", "--blend", "none"],
@@ -355,6 +360,8 @@ def test_cli_sigterm_leaves_no_temporary_and_stale_ones_are_swept(tmp_path):
         assert time.monotonic() < deadline, "the run never started writing"
         time.sleep(0.05)
     assert not stale.exists()  # swept when the run began writing its own
+    assert fresh.exists()
+    fresh.unlink()
     proc.terminate()
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err

@@ -305,7 +305,7 @@ class AsyncEngine:
                 self._release(payload)
                 entry = self._futures.pop(payload, None)
                 if entry is not None:
-                    entry[0].call_soon_threadsafe(entry[1].cancel)
+                    _call_soon(entry[0], entry[1].cancel)
             try:
                 item = self._inbox.get_nowait()
             except queue.Empty:
@@ -352,8 +352,16 @@ class AsyncEngine:
             if not fut.done():
                 fut.set_result(result)
 
-        loop.call_soon_threadsafe(settle)
+        _call_soon(loop, settle)
 
 
 def _crash_error(exc: BaseException) -> ShuttingDownError:
     return ShuttingDownError(f"the engine loop stopped ({exc!r}); retry on another replica")
+
+
+def _call_soon(loop: asyncio.AbstractEventLoop, callback: Callable[[], object]) -> None:
+    """Hand ``callback`` to a caller's event loop; a loop that has closed has no one waiting."""
+    try:
+        loop.call_soon_threadsafe(callback)
+    except RuntimeError:  # "Event loop is closed": its caller is gone (asyncio.run ended)
+        logger.debug("a result arrived for a closed event loop; dropped")

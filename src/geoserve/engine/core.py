@@ -21,6 +21,7 @@ import time
 import uuid
 import warnings
 from collections.abc import Callable, Iterator, Sequence
+from concurrent import futures
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, cast, overload
@@ -78,6 +79,9 @@ ImageInput = RasterLike | Sequence[RasterLike]
 AUTO_CPU_BATCH = 8
 #: Most patches per batch ``"auto"`` picks on a GPU.
 AUTO_MAX_BATCH = 256
+
+#: Longest a step with nothing to run waits for a row still being read (then looks again).
+READ_WAIT_S = 0.05
 
 #: Output bands a request may have queued on the writer before the model loop waits for it.
 MAX_PENDING_WRITES = 4
@@ -212,6 +216,7 @@ class Engine:
         # one writer thread turns finished rows into output values and writes them, in order
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="geoserve-write")
         self._failed: list[ImageRequestOutput | TensorRequestOutput] = []
+        self._releasing: list[Request] = []  # dropped, waiting for a read in progress to end
         if warmup or auto_batch:
             probe = self._warmup()
             if auto_batch:
@@ -253,9 +258,10 @@ class Engine:
 
     def close(self) -> None:
         """Drop pending requests, release their inputs and stop the reader thread."""
-        for req in list(self._active):
+        for req in [*self._active, *self._releasing]:
             req.close()
         self._active.clear()
+        self._releasing.clear()
         if self._reader is not None:
             self._reader.shutdown(wait=True)
             self._reader = None
@@ -406,9 +412,26 @@ class Engine:
         for req in self._active:
             if req.request_id == request_id:
                 self._active.remove(req)
-                req.close()
+                self._retire(req)
                 return True
         return False
+
+    def _retire(self, req: Request) -> None:
+        """Release a dropped request, later if one of its rows is being read right now.
+
+        Its inputs cannot be closed under a running read, and waiting here would let one slow
+        input (a remote host trickling bytes) stall every other request.
+        """
+        if req.stop_reading(wait=READ_WAIT_S):  # a local read ends in well under that
+            req.close()
+        else:
+            self._releasing.append(req)
+
+    def _release_retired(self) -> None:
+        for req in list(self._releasing):
+            if not req.reading:
+                self._releasing.remove(req)
+                req.close()
 
     def add_request(
         self,
@@ -457,8 +480,8 @@ class Engine:
         return sum(r.patches_left for r in self._active)
 
     def has_unfinished(self) -> bool:
-        """Whether any request is still pending."""
-        return bool(self._active or self._failed)
+        """Whether any request is still pending (or still to be released)."""
+        return bool(self._active or self._failed or self._releasing)
 
     # -- the loop ----------------------------------------------------------------------------
 
@@ -470,7 +493,7 @@ class Engine:
                 continue  # patches of another shape or other model arguments: a later batch
             while len(batch) < self.max_batch_patches:
                 try:
-                    patch = req.pop_patch()
+                    patch = req.pop_patch(wait=False)  # a row still being read: a later batch
                 except GeoServeError as exc:
                     self._fail(req, exc)
                     break
@@ -486,9 +509,24 @@ class Engine:
                 break
         return batch
 
+    def _wait_for_reads(self) -> bool:
+        """Nothing to run: wait (briefly) for the first row still being read; True if one came."""
+        pending = [f for f in (r.pending_read() for r in self._active) if f is not None]
+        if pending:
+            done, _ = futures.wait(
+                pending, timeout=READ_WAIT_S, return_when=futures.FIRST_COMPLETED
+            )
+            return bool(done)
+        if self._releasing:
+            time.sleep(READ_WAIT_S)
+        return False
+
     def step(self) -> list[ImageRequestOutput | TensorRequestOutput]:
         """Run one batch; return the requests that finished (or failed) during it."""
+        self._release_retired()
         batch = self._fill_batch()
+        if not batch and not self._failed and self._wait_for_reads():
+            batch = self._fill_batch()  # a row arrived while we waited
         self.last_batch_size = len(batch)
         if batch:
             self._run_batch(batch)
@@ -562,8 +600,13 @@ class Engine:
             return
         batch = live
         t0 = time.perf_counter()
+        host: NDArray[np.float32] | None = None
         try:
             out = self._forward_fitting(batch)
+            if any(p.request.canvas.device is None for p in batch):
+                # one copy of the batch back to the host; on a GPU this is also where an
+                # asynchronous error of the forward pass surfaces, so it is retried like one
+                host = cast(NDArray[np.float32], out.cpu().numpy())
         except Exception as exc:
             if len(batch) > 1:
                 logger.warning(
@@ -581,22 +624,37 @@ class Engine:
                 )
             self._fail_batch(batch, exc)
             return
-        share = (time.perf_counter() - t0) / len(batch)
-        host: NDArray[np.float32] | None = None
+        self._stitch(batch, out, host, (time.perf_counter() - t0) / len(batch))
+
+    def _stitch(
+        self,
+        batch: list[Patch],
+        out: torch.Tensor,
+        host: NDArray[np.float32] | None,
+        share: float,
+    ) -> None:
+        """Each output patch to its request's canvas; a failure fails that request alone."""
         for i, patch in enumerate(batch):
             req = patch.request
             req.in_flight -= 1
             if req.error is not None:
                 continue
             t1 = time.perf_counter()
-            if req.canvas.device is not None:
-                result: Any = out[i]  # stays on the device
-            else:
-                if host is None:  # one copy of the batch back to the host, if anyone needs it
-                    host = cast(NDArray[np.float32], out.cpu().numpy())
-                result = req.out_proc.prepare_patch(host[i])
-            req.out_channels = result.shape[0]
-            req.canvas.add(patch.row, patch.col, result)
+            try:
+                if req.canvas.device is not None:
+                    result: Any = out[i]  # stays on the device
+                else:
+                    assert host is not None
+                    result = req.out_proc.prepare_patch(host[i])
+                req.out_channels = result.shape[0]
+                req.canvas.add(patch.row, patch.col, result)
+            except GeoServeError as exc:
+                self._fail(req, exc)
+                continue
+            except Exception as exc:  # an output processor's bug: this request alone
+                logger.exception("stitching a patch of request %s failed", req.request_id)
+                self._fail(req, _output_failed(req, exc))
+                continue
             req.stitched += 1
             req.timings.stitch += time.perf_counter() - t1
             req.timings.model += share
@@ -663,7 +721,7 @@ class Engine:
     def _fail(self, req: Request, exc: GeoServeError) -> None:
         if req.error is None:
             req.error = exc
-            req.close()
+            self._retire(req)
             if req in self._active:
                 self._active.remove(req)
             out_cls = TensorRequestOutput if req.tensor_shape is not None else ImageRequestOutput

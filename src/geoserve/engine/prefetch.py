@@ -15,6 +15,7 @@ import contextlib
 import threading
 from collections import deque
 from collections.abc import Callable
+from concurrent import futures
 from concurrent.futures import Executor, Future
 from typing import Generic, TypeVar
 
@@ -87,6 +88,43 @@ class RowPrefetcher(Generic[T]):
         with self._lock:
             self._pump()
         return result
+
+    def next_ready(self) -> bool:
+        """Whether :meth:`next` would return without waiting for a read in progress.
+
+        (With no pool, or nothing read ahead, :meth:`next` reads on the caller's thread.)
+        """
+        with self._lock:
+            return not self._ahead or self._ahead[0][1].done()
+
+    def waiting_on(self) -> Future[T] | None:
+        """The read :meth:`next` would wait for, if it is still in progress."""
+        with self._lock:
+            if self._ahead and not self._ahead[0][1].done():
+                return self._ahead[0][1]
+            return None
+
+    @property
+    def reading(self) -> bool:
+        """Whether one of this request's rows is being read right now."""
+        with self._lock:
+            return self._running
+
+    def settle(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` s for a read in progress to end; True if none is running."""
+        with self._lock:
+            running = self._ahead[-1][1] if self._running and self._ahead else None
+        if running is not None:
+            futures.wait([running], timeout=timeout)
+        return not self.reading
+
+    def stop(self) -> None:
+        """Read no further rows and drop those not started; never waits (see :meth:`close`)."""
+        with self._lock:
+            self._closed = True
+            for task, _ in self._ahead:
+                if task.cancel():  # never started: it was the one counted as running
+                    self._running = False
 
     @property
     def ready(self) -> int:

@@ -94,6 +94,27 @@ class Request:
         """Start reading rows ahead on the engine's reader pool (called on admission)."""
         self._rows.start()
 
+    def row_ready(self) -> bool:
+        """Whether :meth:`pop_patch` can go on without waiting for a read in progress."""
+        return bool(self.queue) or not self.rows_left or self._rows.next_ready()
+
+    def pending_read(self) -> Future[PatchRow] | None:
+        """The read this request waits for, if it is still in progress."""
+        return None if self.queue else self._rows.waiting_on()
+
+    @property
+    def reading(self) -> bool:
+        """Whether one of its rows is being read right now (its sources are in use)."""
+        return self._rows.reading
+
+    def stop_reading(self, wait: float = 0.0) -> bool:
+        """Read no further rows; wait up to ``wait`` s for a read in progress to end.
+
+        Returns True when no read is running any more (the request can be closed at once).
+        """
+        self._rows.stop()
+        return self._rows.settle(wait)
+
     @property
     def rows_left(self) -> bool:
         """Whether grid rows remain to be read."""
@@ -114,7 +135,10 @@ class Request:
 
         - ``min(prefetch_rows + 2, grid rows)`` grid rows alive (read ahead, being cut,
           patches queued), each ``P x W' x bands x dates`` values held raw and as float32;
-        - the source's cache of decoded rows (``P`` plus one block of rows, at most ``H``);
+        - the source's cache of decoded rows (``P`` plus one block of rows, at most ``H``),
+          and the block GDAL decodes at once (a whole strip, every band of it when
+          pixel-interleaved: :attr:`RasterInfo.block_bytes`);
+        - the input bytes themselves, for uploads and base64 (:attr:`RasterInfo.held_bytes`);
         - the canvas: ``min(P + S, H)`` rows of ``W`` float32 values per output channel, and
           the weights;
         - an output held whole in memory (bytes, base64, tensor): ``H x W`` values per output
@@ -126,9 +150,12 @@ class Request:
         p, s = g.patch_size, g.stride
         padded = g.cols * s + (p - s)
         values = len(self.ctx.bands) * len(self.sources)
-        raw = max(np.dtype(src.info.dtype).itemsize for src in self.sources)
+        infos = [src.info for src in self.sources]
+        raw = max(np.dtype(i.dtype).itemsize for i in infos)
         rows = min(self.prefetch_rows + 2, g.rows) * p * padded * values * (4 + raw)
-        cache = min(p + 256, g.height) * g.width * values * raw
+        block_rows = max((i.block_bytes // max(1, i.width * raw) for i in infos), default=0)
+        cache = min(p + max(block_rows, 1), g.height) * g.width * values * raw
+        cache += sum(i.block_bytes + i.held_bytes for i in infos)
         channels = self.out_proc.out_channels or values
         canvas = min(p + s, g.height) * g.width * (channels + 1) * 4
         whole = 0
@@ -155,13 +182,18 @@ class Request:
             shape = (len(self.ctx.bands), p, p)
         return shape, tuple(sorted(self.ctx.model_kwargs))
 
-    def pop_patch(self) -> Patch | None:
+    def pop_patch(self, wait: bool = True) -> Patch | None:
         """The next patch, reading grid rows as needed; None when no patches remain.
+
+        With ``wait=False`` it also returns None rather than wait for a row still being read
+        (so one slow input never holds up the batches of the others).
 
         Raises:
             GeoServeError: if reading fails (the caller fails this request alone).
         """
         while not self.queue and self.rows_left:
+            if not wait and not self._rows.next_ready():
+                return None
             t0 = time.perf_counter()
             row = self._rows.next()  # read ahead on the reader pool while the model runs
             self.canvas.expect(row.row, len(row.cols), row.core_valid)
@@ -182,9 +214,10 @@ class Request:
     def close(self) -> None:
         """Release inputs, queued patches and any unfinished output.
 
-        Waits for a read or write in progress to stop first; a committed output stays. Never
-        raises: it runs on every failure path, and whatever it cannot release (a temporary
-        file in a directory that turned read-only) is logged, not allowed to stop the engine.
+        Waits for a read or write in progress to stop first; a committed output stays. Raises
+        nothing but an interrupt (after finishing): it runs on every failure path, and whatever
+        it cannot release (a temporary file in a directory that turned read-only) is logged,
+        not allowed to stop the engine.
         """
         steps: list[Callable[[], object]] = [self._rows.close]
         while self.writes:
@@ -194,12 +227,17 @@ class Request:
         if self.sink is not None:
             steps.append(self.sink.abort)
         steps.extend(src.close for src in self.sources)
+        interrupted: BaseException | None = None
         for step in steps:
             try:
                 step()
-            except BaseException:
+            except Exception:
                 logger.exception("request %s: releasing it failed", self.request_id)
+            except BaseException as exc:  # Ctrl-C / SIGTERM: finish releasing, then stop
+                interrupted = exc
         self.queue.clear()
+        if interrupted is not None:
+            raise interrupted
 
 
 def _settle(fut: Future[None]) -> None:

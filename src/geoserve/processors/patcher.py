@@ -346,6 +346,8 @@ def _invalid(raw: NDArray[Any], nodata: float | None) -> NDArray[np.bool_] | Non
     bad = None
     if raw.dtype.kind == "f":
         bad = ~np.isfinite(raw).all(axis=0)
+        if raw.dtype.itemsize > 4:  # finite float64 beyond float32's range would become inf
+            bad |= (np.abs(raw) > np.finfo(np.float32).max).any(axis=0)
     if nodata is not None and not np.isnan(nodata):
         eq = (raw == nodata).any(axis=0)
         bad = eq if bad is None else bad | eq

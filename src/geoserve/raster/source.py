@@ -88,6 +88,11 @@ class RasterInfo:
     descriptions: tuple[str | None, ...]
     tags: Mapping[str, str]
     profile: Mapping[str, Any]
+    block_bytes: int = 0
+    """Bytes GDAL decodes at once for one block row of this file: a whole strip or row of
+    tiles, every band of it when pixel-interleaved (0 for in-memory arrays)."""
+    held_bytes: int = 0
+    """Bytes the opened input itself holds in memory (uploaded or decoded base64 bytes)."""
 
     @property
     def is_georeferenced(self) -> bool:
@@ -214,6 +219,8 @@ class DatasetSource(RasterSource):
             descriptions=tuple(ds.descriptions),
             tags=ds.tags(),
             profile=dict(ds.profile),
+            block_bytes=_block_bytes(ds),
+            held_bytes=len(data) if data is not None else 0,
         )
         try:
             _check_dtype(name, self.info.dtype)
@@ -280,6 +287,18 @@ class DatasetSource(RasterSource):
             ds.close()
         if self._memfile is not None:
             self._memfile.close()
+
+
+def _block_bytes(ds: Any) -> int:
+    """What decoding one block row costs: ``block rows x width x bands x itemsize``.
+
+    GDAL decodes whole blocks; a file stored as one compressed strip is decoded whole, and a
+    pixel-interleaved block holds every band even when one is read.
+    """
+    rows = max(1, int(ds.block_shapes[0][0]))
+    pixel = str(getattr(ds, "interleaving", None) or "").lower().endswith("pixel")
+    bands = ds.count if pixel else 1
+    return int(rows * ds.width * bands * np.dtype(ds.dtypes[0]).itemsize)
 
 
 class ArraySource(RasterSource):
@@ -416,7 +435,7 @@ def resolve_bands(info: RasterInfo, bands: Sequence[int | str] | None) -> list[i
     names = [d.lower() if d else None for d in info.descriptions]
     out: list[int] = []
     for sel in bands:
-        if isinstance(sel, str) and not sel.lstrip("-").isdigit():
+        if isinstance(sel, str) and not sel.lstrip("-").isdecimal():
             try:
                 out.append(names.index(sel.lower()))
             except ValueError:

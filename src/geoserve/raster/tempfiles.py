@@ -4,24 +4,30 @@ An output is written to ``.<target name>.<host>-<pid>-<random>.tmp`` beside its 
 renamed into place when complete. A temporary that cannot be removed when its request fails
 (its directory turned read-only, say) is remembered and removed by the next writer of this
 process once it can be; one left by a process that was killed (SIGKILL, a crash) is recognised
-by its process id and removed by :func:`sweep` (each file writer sweeps beside its target, the
-server its output directory at start-up). Only temporaries of this host are ever swept: on a
-shared file system another host's process ids mean nothing here.
+by its process id and age and removed by :func:`sweep` (each file writer sweeps beside its
+target, the server its output directory at start-up). Only temporaries of this host (a hash of
+its full name) are ever swept: on a shared file system another host's process ids mean nothing.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import re
 import socket
 import threading
+import time
 import uuid
 from pathlib import Path
 
 logger = logging.getLogger(__name__)
 
-_HOST = re.sub(r"[^A-Za-z0-9]", "", socket.gethostname())[:32] or "host"
+_HOST = hashlib.sha1(socket.gethostname().encode()).hexdigest()[:12]
+#: A temporary of a dead process is removed only once it is this old: containers that share a
+#: host name (host networking) do not share process ids, so a live writer elsewhere must look
+#: idle for this long before its file can be taken for a leftover.
+STALE_AFTER_S = 600.0
 _PATTERN = re.compile(r"^\.(?P<name>.+)\.(?P<host>[A-Za-z0-9]+)-(?P<pid>\d+)-[0-9a-f]{8}\.tmp$")
 _lock = threading.Lock()
 _live: set[Path] = set()  # temporaries of this process still being written
@@ -76,7 +82,8 @@ def _alive(pid: int) -> bool:
 def sweep(directory: Path, target_name: str | None = None) -> int:
     """Remove stale temporaries of geoserve's naming in ``directory``; returns how many.
 
-    Stale: its process is gone, or it is this process's and no longer being written. With
+    Stale: its process is gone (and the file untouched for :data:`STALE_AFTER_S`), or it is
+    this process's and no longer being written. With
     ``target_name``, only the temporaries of that target. Never raises.
     """
     removed = 0
@@ -95,6 +102,11 @@ def sweep(directory: Path, target_name: str | None = None) -> int:
         with _lock:
             ours_live = path in _live
         if (pid == os.getpid() and ours_live) or (pid != os.getpid() and _alive(pid)):
+            continue
+        try:
+            if pid != os.getpid() and time.time() - entry.stat().st_mtime < STALE_AFTER_S:
+                continue
+        except OSError:
             continue
         try:
             path.unlink(missing_ok=True)

@@ -183,6 +183,11 @@ class _Service:
         rid = f"geo-{uuid.uuid4().hex}"
         if client_id is not None:
             logger.info("request %s has client id %s", rid, client_id)
+        frames = max(1, eng.engine.in_proc.num_frames)
+        if len(items) > frames:  # before anything is downloaded or decoded
+            raise InputError(
+                f"data: {len(items)} dates given; model {self.settings.model!r} takes {frames}"
+            )
         out_format = _OUT_FORMATS[out_data_format]
         path = self.output_path(rid, out_format)
         t0 = time.perf_counter()

@@ -151,9 +151,8 @@ async def remote_input(
                 head.status_code == 200 and head.headers.get("accept-ranges", "").lower() == "bytes"
             )
             if ranged:
-                first = await asyncio.wait_for(
-                    client.get(url, headers={"Range": f"bytes=0-{SNIFF_BYTES - 1}"}),
-                    max(deadline_s - (time.monotonic() - t0), 0.001),
+                first, head_bytes = await asyncio.wait_for(
+                    _first_bytes(client, url), max(deadline_s - (time.monotonic() - t0), 0.001)
                 )
     except TimeoutError:
         raise RequestTimeoutError(f"{url}: no answer within {deadline_s:.0f} s") from None
@@ -162,13 +161,25 @@ async def remote_input(
     if head.is_redirect or (ranged and first.is_redirect):
         raise ForbiddenInputError(f"{url}: redirects are not followed")
     if ranged and first.status_code in (200, 206):
-        refuse_other_formats(url, first.content[:SNIFF_BYTES], formats)
+        refuse_other_formats(url, head_bytes, formats)
         return VSICURL + url
     return await fetch_url(url, domains, max_bytes, deadline_s - (time.monotonic() - t0))
 
 
 #: Bytes fetched to tell an in-place URL input's format before GDAL opens it.
 SNIFF_BYTES = 4096
+
+
+async def _first_bytes(client: httpx.AsyncClient, url: str) -> tuple[httpx.Response, bytes]:
+    """At most :data:`SNIFF_BYTES` of ``url`` (a host that ignores Range is not read on)."""
+    got = b""
+    async with client.stream("GET", url, headers={"Range": f"bytes=0-{SNIFF_BYTES - 1}"}) as r:
+        if not r.is_redirect:
+            async for chunk in r.aiter_bytes():
+                got += chunk
+                if len(got) >= SNIFF_BYTES:
+                    break
+    return r, got[:SNIFF_BYTES]
 
 
 #: GDAL's prefix for reading a file over HTTP with range requests.
