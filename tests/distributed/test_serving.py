@@ -31,13 +31,14 @@ def test_serve_deployment_answers_the_images_contract(ray_cluster, tmp_path):
         )
         url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
+        ready_in_a_row = 0  # requests are spread over both replicas: each must have loaded
+        while time.monotonic() < deadline and ready_in_a_row < 8:
             try:
-                if httpx.get(f"{url}/health/ready", timeout=5).status_code == 200:
-                    break
+                ok = httpx.get(f"{url}/health/ready", timeout=5).status_code == 200
             except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
+                ok = False
+            ready_in_a_row = ready_in_a_row + 1 if ok else 0
+            time.sleep(0.1 if ok else 0.5)
         path = write_geotiff(
             tmp_path / "s.tif",
             np.random.default_rng(2).integers(0, 400, (3, 40, 50)).astype(np.uint16),
