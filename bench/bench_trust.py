@@ -45,42 +45,18 @@ from typing import Any
 
 import httpx
 import numpy as np
-import rasterio
 from rasterio.errors import NotGeoreferencedWarning
 from rasterio.io import MemoryFile
-from rasterio.windows import Window
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+from bench_server import crops  # noqa: E402  (the same crops as the server benchmark)
+
 SCENE_NAME = "S2_L1C_T33UUU_20170216T102101_13band_10m.tif"
-SIZES = (192, 192, 300, 384)  # as bench_server.py: 1, 1, 4, 4 patches at 224 / stride 192
 BENCH_FLAGS = ["--batch-size", "2", "--max-queued-patches", "100000", "--threads", "1"]
 LEVELS = (16, 32, 64)
 STRIP_WIDTH = 200_704  # 896 patches of 224 in one row: ~2.3 GB as padded float32 rows
 STRIP_BANDS = 13
-
-
-def crops(scene: Path) -> list[bytes]:
-    """Same crops as bench_server.crops() (seed 0, 16 crops, mixed sizes)."""
-    out = []
-    with rasterio.open(scene) as src:
-        rng = np.random.default_rng(0)
-        for i in range(16):
-            size = SIZES[i % len(SIZES)]
-            r = int(rng.integers(0, src.height - size))
-            c = int(rng.integers(0, src.width - size))
-            win = Window(c, r, size, size)
-            profile = {
-                **src.profile,
-                "width": size,
-                "height": size,
-                "transform": src.window_transform(win),
-            }
-            with MemoryFile() as mem:
-                with mem.open(**profile) as dst:
-                    dst.write(src.read(window=win))
-                    dst.descriptions = src.descriptions
-                out.append(bytes(mem.read()))
-    return out
 
 
 def strip(width: int = STRIP_WIDTH, bands: int = STRIP_BANDS) -> bytes:
