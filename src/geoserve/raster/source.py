@@ -89,8 +89,7 @@ class RasterInfo:
     tags: Mapping[str, str]
     profile: Mapping[str, Any]
     block_bytes: int = 0
-    """Bytes GDAL decodes at once for one block row of this file: a whole strip or row of
-    tiles, every band of it when pixel-interleaved (0 for in-memory arrays)."""
+    """Bytes GDAL decodes at once for one block row (every band if pixel-interleaved)."""
     held_bytes: int = 0
     """Bytes the opened input itself holds in memory (uploaded or decoded base64 bytes)."""
 
@@ -196,9 +195,8 @@ class DatasetSource(RasterSource):
                 self._ds = self._open_with(gdal_drivers(formats), path, options)
         except RasterioError as exc:
             self.close()
-            head = data[:4096] if data is not None else b""
-            if data is None and path is not None and not path.startswith("/vsi"):
-                head = read_head(path)
+            local = data is None and path is not None and not path.startswith("/vsi")
+            head = read_head(path) if local and path else (data or b"")[:4096]
             refuse_other_formats(name, head, formats)
             fmt, what = detect_format(head)
             why = what if fmt in NOT_RASTER else str(exc)
@@ -290,11 +288,7 @@ class DatasetSource(RasterSource):
 
 
 def _block_bytes(ds: Any) -> int:
-    """What decoding one block row costs: ``block rows x width x bands x itemsize``.
-
-    GDAL decodes whole blocks; a file stored as one compressed strip is decoded whole, and a
-    pixel-interleaved block holds every band even when one is read.
-    """
+    """Bytes of a decoded block row (one strip: all of it; pixel-interleaved: every band)."""
     rows = max(1, int(ds.block_shapes[0][0]))
     pixel = str(getattr(ds, "interleaving", None) or "").lower().endswith("pixel")
     bands = ds.count if pixel else 1
