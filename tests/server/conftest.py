@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -26,6 +27,22 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def wait_ready(url: str, timeout: float, proc: subprocess.Popen[str] | None = None) -> None:
+    """Poll ``/health/ready`` until it answers 200 (a server subprocess must stay alive)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if httpx.get(f"{url}/health/ready", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}")
+        if time.monotonic() > deadline:
+            raise RuntimeError("server did not become ready")
+        time.sleep(0.05)
+
+
 @contextmanager
 def running_server(**overrides: object) -> Iterator[str]:
     """Start the app under uvicorn on a free loopback port; yield its base URL."""
@@ -38,16 +55,7 @@ def running_server(**overrides: object) -> Iterator[str]:
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     url = f"http://127.0.0.1:{settings.port}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            if httpx.get(f"{url}/health/ready", timeout=2).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline:
-            raise RuntimeError("server did not become ready")
-        time.sleep(0.05)
+    wait_ready(url, 60)
     try:
         yield url
     finally:

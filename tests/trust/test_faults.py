@@ -25,7 +25,7 @@ import pytest
 from geoserve import Engine
 from geoserve.server import ServerSettings, create_app
 from tests.conftest import read, write_geotiff
-from tests.server.conftest import free_port, running_server
+from tests.server.conftest import free_port, running_server, wait_ready
 from tests.trust.conftest import OutputDir, small_disk, unmount
 
 
@@ -205,16 +205,7 @@ def test_full_disk_fails_the_server_request_and_the_server_keeps_serving(tmp_pat
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                if httpx.get(f"{url}/health/ready", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert proc.poll() is None, "server exited"
-            assert time.monotonic() < deadline, "server did not start"
-            time.sleep(0.2)
+        wait_ready(url, 120, proc)
         body = {"data": "s.tif", "data_format": "path", "out_data_format": "path"}
         resp = httpx.post(f"{url}/v1/images", json=body, timeout=120)
         assert resp.status_code == 507, resp.text
@@ -297,15 +288,7 @@ def test_a_crashed_engine_loop_makes_health_fail():
     thread.start()
     url = f"http://127.0.0.1:{settings.port}"
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(f"{url}/health/ready", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        wait_ready(url, 30)
         engine.broken = True
         # wake the loop: a request arrives, the loop's own bookkeeping raises
         # (that request itself may still be answered: the loop breaks when it looks for more)

@@ -267,7 +267,7 @@ def test_nan_model_outputs_are_nodata_and_counted(tmp_path, preprocess):
 
 @pytest.mark.parametrize("reads", ["download", "range"])
 def test_sigterm_with_a_trickling_input_in_flight_exits_within_the_drain(tmp_path, reads):
-    from tests.server.conftest import free_port
+    from tests.server.conftest import free_port, wait_ready
 
     port = free_port()
     with trickle_server(ranges=reads == "range") as (base, state):
@@ -294,16 +294,7 @@ def test_sigterm_with_a_trickling_input_in_flight_exits_within_the_drain(tmp_pat
         )
         url = f"http://127.0.0.1:{port}"
         try:
-            deadline = time.monotonic() + 120
-            while True:
-                try:
-                    if httpx.get(f"{url}/health/ready", timeout=2).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                assert proc.poll() is None
-                assert time.monotonic() < deadline
-                time.sleep(0.2)
+            wait_ready(url, 120, proc)
 
             answers: list[httpx.Response] = []
 
