@@ -110,6 +110,22 @@ class Slow(nn.Module):
         return x
 
 
+class SlowReadPatcher(GeoTiffPatcher):
+    """A patcher whose every row read takes 0.1 s longer (a slow disk or network)."""
+
+    def read_row(self, sources, ctx, row):  # type: ignore[no-untyped-def]
+        time.sleep(0.1)
+        return super().read_row(sources, ctx, row)
+
+
+@MODEL_REGISTRY.register_model("test-slow-read")
+@INPUT_REGISTRY.register_input_processor(SlowReadPatcher(patch_size=16, stride=16, blend="none"))
+@OUTPUT_REGISTRY.register_output_processor(RawReassembler())
+class SlowReadIdentity(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+
 OOM_ABOVE = 3
 
 

@@ -202,6 +202,22 @@ def test_priority_lower_first_then_arrival(make_geotiff):
     assert engine.queued_patches == 0
 
 
+def test_priority_holds_while_the_first_in_line_is_still_being_read(make_geotiff):
+    """A request first in line keeps its turn while its row is read, rather than being
+    overtaken by requests whose rows happened to be read sooner."""
+    paths = [make_geotiff(bands=3, height=16, width=16) for _ in range(3)]
+    engine = Engine("test-slow-read", max_batch_patches=1)
+    order = []
+    ids = {
+        engine.add_request(paths[0], out_format="tensor", priority=5): "late",
+        engine.add_request(paths[1], out_format="tensor", priority=0): "first",
+        engine.add_request(paths[2], out_format="tensor", priority=5): "later",
+    }
+    for result in engine.run_until_done():
+        order.append(ids[result.request_id])
+    assert order == ["first", "late", "later"]
+
+
 def test_cross_request_batching_off_keeps_batches_to_one_request(make_geotiff):
     paths = [make_geotiff(bands=3, height=20, width=20) for _ in range(3)]
     engine = Engine(

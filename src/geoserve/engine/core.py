@@ -82,6 +82,9 @@ AUTO_MAX_BATCH = 256
 
 #: Longest a step with nothing to run waits for a row still being read (then looks again).
 READ_WAIT_S = 0.05
+#: Longest the request first in line keeps its turn while one of its rows is read; after
+#: that the requests behind it are served (so a stalled input costs them this once per row).
+TURN_WAIT_S = 0.5
 
 #: Output bands a request may have queued on the writer before the model loop waits for it.
 MAX_PENDING_WRITES = 4
@@ -488,6 +491,8 @@ class Engine:
     def _fill_batch(self) -> list[Patch]:
         batch: list[Patch] = []
         signature: tuple[Any, ...] | None = None
+        if self._active:
+            self._active[0].wait_for_row(TURN_WAIT_S)  # priority, then arrival order
         for req in list(self._active):
             if signature is not None and req.signature != signature:
                 continue  # patches of another shape or other model arguments: a later batch

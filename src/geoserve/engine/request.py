@@ -11,6 +11,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from concurrent import futures
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
 from functools import partial
@@ -78,6 +79,7 @@ class Request:
     stitched: int = 0
     skipped: int = 0
     _rows: RowPrefetcher[PatchRow] = field(init=False)
+    _waited_on: Future[PatchRow] | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.canvas = Canvas(self.ctx.grid, self.stitch_on)
@@ -101,6 +103,17 @@ class Request:
     def pending_read(self) -> Future[PatchRow] | None:
         """The read this request waits for, if it is still in progress."""
         return None if self.queue else self._rows.waiting_on()
+
+    def wait_for_row(self, patience: float) -> None:
+        """Wait up to ``patience`` s for the row being read, once per row.
+
+        The engine calls this for the request first in line, so a prompt read keeps its turn
+        while an input that stalls delays the others by at most ``patience`` per row.
+        """
+        pending = self.pending_read()
+        if pending is not None and pending is not self._waited_on:
+            self._waited_on = pending
+            futures.wait([pending], timeout=patience)
 
     @property
     def reading(self) -> bool:
