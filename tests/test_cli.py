@@ -41,8 +41,9 @@ def test_missing_file_exit_1_one_line(tmp_path):
     assert "Traceback" not in res.stderr
 
 
-def test_unknown_model_exit_1_lists_models(tmp_path):
-    res = run("predict", "x.tif", "-o", str(tmp_path / "o.tif"), "--model", "ndwi-watr")
+def test_unknown_model_exit_1_lists_models(tmp_path, make_geotiff):
+    src = make_geotiff()
+    res = run("predict", str(src), "-o", str(tmp_path / "o.tif"), "--model", "ndwi-watr")
     assert res.returncode == 1
     assert "unknown model 'ndwi-watr' (did you mean 'ndwi-water'" in res.stderr
     assert "identity" in res.stderr
@@ -96,7 +97,7 @@ def test_models_lists_builtins():
     res = run("models")
     assert res.returncode == 0
     lines = res.stdout.splitlines()
-    assert lines[0].split()[:4] == ["MODEL", "BANDS", "OUTPUT", "WEIGHTS"]
+    assert lines[0].split()[:5] == ["MODEL", "PLUGIN", "BANDS", "OUTPUT", "WEIGHTS"]
     assert any(line.startswith("ndwi-water") and "B3,B8" in line for line in lines)
     assert any(line.startswith("identity") for line in lines)
 

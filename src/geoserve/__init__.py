@@ -4,33 +4,65 @@ Public API::
 
     from geoserve import Engine
     out = Engine("ndwi-water").generate_image("scene.tif", output_path="water.tif")
+
+The names below are imported when first used, so ``import geoserve`` (and the command line's
+``--help``, ``info`` and argument errors) do not pay for importing torch.
 """
 
-from geoserve.engine import Engine
-from geoserve.errors import GeoServeError
-from geoserve.plugins import load_plugins
-from geoserve.processors import GeoTiffPatcher, RawReassembler, SegmentationReassembler
-from geoserve.raster import PatchGrid, RasterArray
-from geoserve.registry import INPUT_REGISTRY, MODEL_REGISTRY, OUTPUT_REGISTRY
-from geoserve.schemas import ImageOutput, ImageRequestOutput, StageTimings, TensorRequestOutput
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # (the redundant aliases mark them as re-exported)
+    from geoserve.engine import Engine as Engine
+    from geoserve.errors import GeoServeError as GeoServeError
+    from geoserve.plugins import load_plugins as load_plugins
+    from geoserve.processors import GeoTiffPatcher as GeoTiffPatcher
+    from geoserve.processors import RawReassembler as RawReassembler
+    from geoserve.processors import SegmentationReassembler as SegmentationReassembler
+    from geoserve.raster import PatchGrid as PatchGrid
+    from geoserve.raster import RasterArray as RasterArray
+    from geoserve.registry import INPUT_REGISTRY as INPUT_REGISTRY
+    from geoserve.registry import MODEL_REGISTRY as MODEL_REGISTRY
+    from geoserve.registry import OUTPUT_REGISTRY as OUTPUT_REGISTRY
+    from geoserve.schemas import ImageOutput as ImageOutput
+    from geoserve.schemas import ImageRequestOutput as ImageRequestOutput
+    from geoserve.schemas import StageTimings as StageTimings
+    from geoserve.schemas import TensorRequestOutput as TensorRequestOutput
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "INPUT_REGISTRY",
-    "MODEL_REGISTRY",
-    "OUTPUT_REGISTRY",
-    "Engine",
-    "GeoServeError",
-    "GeoTiffPatcher",
-    "ImageOutput",
-    "ImageRequestOutput",
-    "PatchGrid",
-    "RasterArray",
-    "RawReassembler",
-    "SegmentationReassembler",
-    "StageTimings",
-    "TensorRequestOutput",
-    "__version__",
-    "load_plugins",
-]
+#: public name -> the module that defines it
+_HOMES = {
+    "Engine": "geoserve.engine",
+    "GeoServeError": "geoserve.errors",
+    "load_plugins": "geoserve.plugins",
+    "GeoTiffPatcher": "geoserve.processors",
+    "RawReassembler": "geoserve.processors",
+    "SegmentationReassembler": "geoserve.processors",
+    "PatchGrid": "geoserve.raster",
+    "RasterArray": "geoserve.raster",
+    "INPUT_REGISTRY": "geoserve.registry",
+    "MODEL_REGISTRY": "geoserve.registry",
+    "OUTPUT_REGISTRY": "geoserve.registry",
+    "ImageOutput": "geoserve.schemas",
+    "ImageRequestOutput": "geoserve.schemas",
+    "StageTimings": "geoserve.schemas",
+    "TensorRequestOutput": "geoserve.schemas",
+}
+
+__all__ = sorted([*_HOMES, "__version__"])
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'geoserve' has no attribute {name!r}")
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value  # once imported, a plain attribute
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_HOMES])

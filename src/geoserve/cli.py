@@ -7,21 +7,24 @@ traceback only with ``--debug``), 2 a usage error.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import logging
+import shutil
 import signal
 import sys
+import threading
 import time
 import traceback
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from geoserve.errors import ConfigError, GeoServeError, PluginLoadError
-from geoserve.processors.base import OUTPUT_KINDS
 from geoserve.progress import Progress
 from geoserve.raster.grid import BLEND_MODES
-from geoserve.schemas import ImageRequestOutput
+from geoserve.schemas import OUTPUT_KINDS, ImageRequestOutput
 
 DEFAULT_MODEL = "demo-water"
 
@@ -112,7 +115,12 @@ def _model_options() -> argparse.ArgumentParser:
 
 
 def _formats(text: str) -> list[str]:
-    return [f.strip() for f in text.split(",") if f.strip()]
+    from geoserve.raster.trust import check_formats
+
+    try:
+        return list(check_formats(text.split(",")))
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("allowed input formats: ")) from None
 
 
 def _batch_size(text: str) -> int | str:
@@ -324,6 +332,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     m = sub.add_parser("models", help="list registered models")
+    m.add_argument("--json", action="store_true", help="every detail, as JSON (for scripts)")
     m.add_argument(
         "--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS
     )
@@ -331,26 +340,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _cmd_models(args: argparse.Namespace) -> int:
-    from geoserve.engine import resolve_model
-    from geoserve.plugins import load_plugins
-    from geoserve.registry import MODEL_REGISTRY
+    from geoserve.catalog import format_table, model_entries
 
-    load_plugins()
-    rows = []
-    for name, spec in MODEL_REGISTRY.items():
-        try:
-            _, inp, out = resolve_model(spec)
-            selected = getattr(inp, "bands", None)
-            bands = ",".join(map(str, selected)) if selected else "all"
-            classes = ",".join(getattr(out, "classes", ())) or out.kind
-        except GeoServeError as exc:
-            bands, classes = "-", f"(unusable: {exc})"
-        weights = "needs --weights" if spec.weights_required else "built in"
-        rows.append((name, bands, classes, weights, spec.description))
-    header = ("MODEL", "BANDS", "OUTPUT", "WEIGHTS", "DESCRIPTION")
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(4)]
-    for row in [header, *rows]:
-        print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=False)) + "  " + row[4])
+    entries = model_entries()
+    if args.json:
+        print(json.dumps([e.as_json() for e in entries], indent=2))
+    else:
+        print("\n".join(format_table(entries, shutil.get_terminal_size((100, 24)).columns)))
     return 0
 
 
@@ -419,14 +415,53 @@ def _cmd_predict(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, _interrupt)
     if args.ray:
         return _cmd_predict_ray(args)
-    from geoserve.engine import Engine
+    bad = _unreadable_inputs(args)
+    if bad and (args.time_series or len(bad) == len(args.inputs)):
+        return 1  # nothing left to run: don't load the model
+    with _notice(f"loading model {args.model}…", quiet=args.quiet):
+        from geoserve.engine import Engine  # (torch's import is most of the wait)
 
-    engine = Engine(args.model, **_engine_options(args))
+        engine = Engine(args.model, **_engine_options(args))
     with engine:  # Ctrl-C closes it: unfinished outputs are removed, never left partial
-        return _predict_all(engine, args)
+        return _predict_all(engine, args, skip=bad)
 
 
-def _predict_all(engine: Any, args: argparse.Namespace) -> int:
+def _unreadable_inputs(args: argparse.Namespace) -> set[str]:
+    """The local inputs that cannot be read, reported before the model loads.
+
+    Each is opened once (milliseconds; loading a model takes seconds); the others still run.
+    """
+    from geoserve.raster.source import open_raster
+
+    bad = set()
+    for name in args.inputs:
+        if "://" in name:
+            continue  # a URL is read, and reported, by its own request
+        try:
+            open_raster(name, "path", formats=args.allowed_formats).close()
+        except GeoServeError as exc:
+            print(f"geoserve: error: {exc}", file=sys.stderr)
+            bad.add(name)
+    return bad
+
+
+@contextlib.contextmanager
+def _notice(text: str, *, quiet: bool, after_s: float = 0.5) -> Iterator[None]:
+    """Print ``text`` on a terminal if what it announces takes longer than ``after_s``."""
+    timer = None
+    if not quiet and sys.stderr.isatty():
+        timer = threading.Timer(after_s, lambda: print(text, file=sys.stderr, flush=True))
+        timer.daemon = True
+        timer.start()
+    try:
+        yield
+    finally:
+        if timer is not None:
+            timer.cancel()
+
+
+def _predict_all(engine: Any, args: argparse.Namespace, skip: set[str]) -> int:
+    """Run every input (but those in ``skip``, already reported unreadable); 1 if any failed."""
     from geoserve.engine.delivery import output_paths
 
     out = Path(args.output)
@@ -439,12 +474,13 @@ def _predict_all(engine: Any, args: argparse.Namespace) -> int:
         paths = list(output_paths(items, out))
     t0 = time.perf_counter()
     for item, path in zip(items, paths, strict=False):
-        engine.add_request(item, output_path=path, request_id=str(path))
+        if isinstance(item, list) or item not in skip:
+            engine.add_request(item, output_path=path, request_id=str(path))
     total = engine.queued_patches
     progress = None
     if not args.quiet and total:
         progress = Progress(total, sys.stderr, tty=sys.stderr.isatty())
-    failed = patches = 0
+    failed, patches = len(skip), 0
     quicklooks = _quicklook_paths(args, items, paths)
     while engine.has_unfinished():
         results = engine.step()

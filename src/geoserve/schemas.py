@@ -17,6 +17,9 @@ if TYPE_CHECKING:
     import torch
 
 OutFormat = Literal["path", "tensor", "b64", "bytes"]
+#: What a segmentation output processor writes: class ids, class probabilities or raw values.
+OutputKind = Literal["classes", "probabilities", "raw"]
+OUTPUT_KINDS: tuple[str, ...] = get_args(OutputKind)
 OUT_FORMATS: tuple[str, ...] = get_args(OutFormat)
 
 

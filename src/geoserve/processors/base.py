@@ -13,7 +13,7 @@ import dataclasses
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, TypeVar, get_args
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -22,9 +22,8 @@ from numpy.typing import NDArray
 from geoserve.raster.grid import PatchGrid
 from geoserve.raster.source import RasterArray, RasterSource
 from geoserve.raster.write import OutputRaster
-
-OutputKind = Literal["classes", "probabilities", "raw"]
-OUTPUT_KINDS: tuple[str, ...] = get_args(OutputKind)
+from geoserve.schemas import OUTPUT_KINDS as OUTPUT_KINDS
+from geoserve.schemas import OutputKind as OutputKind
 
 P = TypeVar("P", bound="Configurable")
 
