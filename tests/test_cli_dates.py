@@ -32,7 +32,8 @@ def test_dates_flag_gives_undated_files_their_dates(undated, tmp_path, capsys):
     out = tmp_path / "out.tif"
     assert _predict(*undated, "--time-series", "-o", str(out)) == 1
     err = capsys.readouterr().err
-    assert "no acquisition date found" in err and "--dates" in err
+    assert "no acquisition date found" in err
+    assert "--dates" in err
     assert (
         _predict(*undated, "--time-series", "--dates", "2021-05-01,2021-06-01", "-o", str(out)) == 0
     )
@@ -62,7 +63,8 @@ def test_one_date_per_request_tells_about_time_series_and_dates(undated, tmp_pat
     assert _predict(undated[0], "-o", str(tmp_path / "o.tif")) == 1
     err = capsys.readouterr().err.strip()
     assert "takes 2 dates per request, got 1 file(s) without --time-series" in err
-    assert "--time-series" in err.split(":", 3)[-1] and "--dates" in err
+    assert "--time-series" in err.split(":", 3)[-1]
+    assert "--dates" in err
     assert len(err.splitlines()) == 1
     assert _predict(*undated, "-o", str(tmp_path / "outs")) == 1
     assert "got 2 file(s) without --time-series" in capsys.readouterr().err
@@ -71,7 +73,8 @@ def test_one_date_per_request_tells_about_time_series_and_dates(undated, tmp_pat
 def test_info_says_how_many_dates_a_model_needs(undated, capsys):
     assert main(["info", undated[0], "--model", "test-coords"]) == 1  # no date: says how
     out = capsys.readouterr().out
-    assert "fits test-coords: no:" in out and "--dates" in out
+    assert "fits test-coords: no:" in out
+    assert "--dates" in out
     dated = write_geotiff(
         Path(undated[0]).with_name("S2_20210501T101010.tif"),
         np.ones((1, 16, 16), np.int16),

@@ -42,7 +42,9 @@ def test_undated_inputs_need_dates_and_the_error_says_how(engine, tmp_path):
     with pytest.raises(InputError, match="no acquisition date found") as err:
         engine.generate_image(tuple(files), out_format="tensor")
     message = str(err.value)
-    assert "dates=" in message and "--dates" in message and "'dates' field" in message
+    assert "dates=" in message
+    assert "--dates" in message
+    assert "'dates' field" in message
 
 
 def test_dates_as_strings_dates_and_datetimes(engine, tmp_path):

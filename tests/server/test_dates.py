@@ -47,7 +47,8 @@ def test_upload_without_dates_fails_and_says_how(url, scenes):
     resp = httpx.post(f"{url}/v1/images", files=_parts(scenes))
     assert resp.status_code == 400
     message = resp.json()["message"]
-    assert "no acquisition date found" in message and "'dates' field" in message
+    assert "no acquisition date found" in message
+    assert "'dates' field" in message
 
 
 @pytest.mark.parametrize(
@@ -90,6 +91,15 @@ def test_json_with_dates(url, scenes):
     resp = httpx.post(f"{url}/v1/images", json={**body, "dates": None})
     assert resp.status_code == 400
     assert "no acquisition date found" in resp.json()["message"]
+    # any JSON that is not a date is a 400 naming the field, not a 422
+    for dates, message in (
+        ([20210501, 20210601], "dates: 20210501 is not a date"),
+        ([["2021-05-01"], "2021-06-01"], "dates: ['2021-05-01'] is not a date"),
+        (5, "dates: 1 date(s) given for 2 input(s)"),
+    ):
+        resp = httpx.post(f"{url}/v1/images", json={**body, "dates": dates})
+        assert resp.status_code == 400, resp.text
+        assert message in resp.json()["message"]
 
 
 @pytest.mark.parametrize(

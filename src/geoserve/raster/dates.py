@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import datetime as dt
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from geoserve.errors import InputError
@@ -75,14 +75,16 @@ def request_dates(
 ) -> list[dt.date | None] | None:
     """The explicit dates of one request of ``count`` inputs, one per input, checked.
 
-    A single date (not in a list) stands for a request of one input.
+    A single date (not in a list or tuple) stands for a request of one input.
 
     Raises:
         InputError: naming ``field``: the wrong number of dates, or one that is not a date.
     """
     if dates is None:
         return None
-    values = [dates] if isinstance(dates, str | dt.date) else list(dates)
+    values: list[Any] = [dates]
+    if isinstance(dates, Iterable) and not isinstance(dates, str | bytes | dt.date | dict):
+        values = list(dates)
     if len(values) != count:
         raise InputError(
             f"{field}: {len(values)} date(s) given for {count} input(s); give one per input"

@@ -42,8 +42,9 @@ class ImagesRequest(BaseModel):
     out_data_format: OutDataFormat = "b64_json"
     options: ImageOptions = Field(default_factory=ImageOptions)
     priority: int = 0
-    dates: NonEmpty | list[NonEmpty] | None = None
-    """ISO 8601 acquisition dates, one per ``data`` item (for models that take dates)."""
+    dates: Any = None
+    """ISO 8601 acquisition dates, one per ``data`` item (for models that take dates); checked
+    by :func:`geoserve.raster.dates.request_dates`, so a bad one is a 400 naming the field."""
 
 
 class PoolingData(BaseModel):
