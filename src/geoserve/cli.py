@@ -21,7 +21,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from geoserve.errors import ConfigError, GeoServeError, PluginLoadError
+from geoserve.errors import ConfigError, GeoServeError, InputError, PluginLoadError
 from geoserve.progress import Progress
 from geoserve.raster.grid import BLEND_MODES
 from geoserve.schemas import OUTPUT_KINDS, ImageRequestOutput
@@ -163,6 +163,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--time-series",
         action="store_true",
         help="treat all inputs as the dates of one place (one output)",
+    )
+    p.add_argument(
+        "--dates",
+        metavar="D,D",
+        help="acquisition dates of the inputs, one per input in order, as comma-separated ISO "
+        "dates (2020-06-01,2020-07-01); they win over date tags and file-name stamps",
     )
     p.add_argument(
         "--ray",
@@ -413,6 +419,12 @@ def _interrupt(signum: int, frame: Any) -> None:
 
 def _cmd_predict(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, _interrupt)
+    if args.dates is not None:
+        from geoserve.raster.dates import request_dates
+
+        if args.ray:
+            raise ConfigError("--dates cannot be combined with --ray")
+        args.dates = request_dates(args.dates.split(","), len(args.inputs), "--dates")
     if args.ray:
         return _cmd_predict_ray(args)
     bad = _unreadable_inputs(args)
@@ -466,6 +478,15 @@ def _predict_all(engine: Any, args: argparse.Namespace, skip: set[str]) -> int:
 
     out = Path(args.output)
     items: list[Any] = [list(args.inputs)] if args.time_series else list(args.inputs)
+    frames = engine.in_proc.num_frames
+    if frames > 1 and not (args.time_series and len(args.inputs) == frames):
+        got = f"{len(args.inputs)} file(s){'' if args.time_series else ' without --time-series'}"
+        raise InputError(
+            f"model {args.model!r} takes {frames} dates per request, got {got}: give the "
+            f"{frames} files of one place with --time-series (and their dates with --dates if "
+            "their tags and file names carry none)"
+        )
+    dates = [args.dates] if args.time_series else args.dates or [None] * len(items)
     if len(items) == 1:
         target = out / f"{Path(args.inputs[0]).stem}_pred.tif" if out.is_dir() else out
         paths: list[Path | None] = [target]
@@ -473,9 +494,9 @@ def _predict_all(engine: Any, args: argparse.Namespace, skip: set[str]) -> int:
         out.mkdir(parents=True, exist_ok=True)
         paths = list(output_paths(items, out))
     t0 = time.perf_counter()
-    for item, path in zip(items, paths, strict=False):
+    for item, path, when in zip(items, paths, dates, strict=False):
         if isinstance(item, list) or item not in skip:
-            engine.add_request(item, output_path=path, request_id=str(path))
+            engine.add_request(item, output_path=path, request_id=str(path), dates=when)
     total = engine.queued_patches
     progress = None
     if not args.quiet and total:
@@ -593,10 +614,18 @@ def _check_fit(model: str, src: Any) -> int:
         print(f"fits {spec.name}: no: {exc}")
         return 1
     names = ", ".join(ctx.band_names)
-    print(
-        f"fits {spec.name}: yes (bands {', '.join(map(str, ctx.bands))}: {names}; "
-        f"{len(ctx.grid)} patches of {ctx.grid.patch_size} px)"
+    detail = (
+        f"bands {', '.join(map(str, ctx.bands))}: {names}; "
+        f"{len(ctx.grid)} patches of {ctx.grid.patch_size} px"
     )
+    if in_proc.num_frames > 1:
+        n = in_proc.num_frames
+        print(
+            f"fits {spec.name}: needs {n} dates; this file can be one of them ({detail}); "
+            f"predict takes {n} such files of one place with --time-series"
+        )
+        return 0
+    print(f"fits {spec.name}: yes ({detail})")
     return 0
 
 

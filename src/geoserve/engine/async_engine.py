@@ -36,6 +36,7 @@ from geoserve.errors import (
     RequestTimeoutError,
     ShuttingDownError,
 )
+from geoserve.raster.dates import DateLike
 from geoserve.raster.source import DataFormat
 from geoserve.schemas import ImageRequestOutput, OutFormat, TensorRequestOutput
 
@@ -128,6 +129,7 @@ class AsyncEngine:
         priority: int = 0,
         timeout: float | None = None,
         deadline: float | None = None,
+        dates: DateLike | Sequence[DateLike] | None = None,
     ) -> ImageRequestOutput:
         """Run one request and return its output (a failure in the engine is in ``.error``).
 
@@ -137,7 +139,8 @@ class AsyncEngine:
         Cancelling the awaiting task (a client that disconnected) drops the request's queued
         patches. A request past ``timeout`` seconds is dropped and raises
         :class:`RequestTimeoutError`; ``deadline`` (``time.monotonic()``) is the same for a
-        request that already spent part of its ``timeout`` (fetching its inputs).
+        request that already spent part of its ``timeout`` (fetching its inputs). ``dates``
+        as for :meth:`Engine.prepare_request`.
         """
         budget = timeout
         if deadline is not None:
@@ -161,6 +164,7 @@ class AsyncEngine:
             bands=bands,
             output_kind=output_kind,
             priority=priority,
+            dates=dates,
         )
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Any] = loop.create_future()

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import dataclasses
+import datetime as dt
 import logging
 import tempfile
 import time
@@ -53,6 +55,7 @@ from geoserve.errors import (
 from geoserve.processors.base import InputProcessor, OutputProcessor
 from geoserve.processors.canvas import RowBand
 from geoserve.processors.patcher import GeoTiffPatcher
+from geoserve.raster.dates import DateLike, dates_per_item, request_dates
 from geoserve.raster.source import (
     DataFormat,
     RasterArray,
@@ -296,16 +299,18 @@ class Engine:
         out_proc: OutputProcessor | None = None,
         tensor_shape: tuple[int, ...] | None = None,
         priority: int = 0,
+        dates: Sequence[dt.date | None] | None = None,
     ) -> Request:
         proc = in_proc or self.in_proc
         sources = []
         try:
-            for item in inputs:
-                sources.append(
-                    open_raster(
-                        item, data_format, threads=self.read_workers, formats=self.allowed_formats
-                    )
+            for i, item in enumerate(inputs):
+                src = open_raster(
+                    item, data_format, threads=self.read_workers, formats=self.allowed_formats
                 )
+                sources.append(src)
+                if dates is not None and dates[i] is not None:  # given: wins over tags and name
+                    src.info = dataclasses.replace(src.info, date=dates[i])
             ctx = proc.prepare(sources)
         except BaseException as exc:
             for src in sources:
@@ -380,11 +385,15 @@ class Engine:
         bands: Sequence[int | str] | None = None,
         output_kind: str | None = None,
         priority: int = 0,
+        dates: DateLike | Sequence[DateLike] | None = None,
     ) -> Request:
         """Open and check one request's inputs (headers only, no pixels) without admitting it.
 
         Safe to call from any thread: it reads the engine's configuration and nothing else.
         ``bands`` and ``output_kind`` override the model's defaults for this request only.
+        ``dates`` gives the acquisition date of each input (ISO strings, ``date`` or
+        ``datetime`` objects, one per input; ``None`` for one: from its tags or file name),
+        for models that take dates; they win over the inputs' tags and file names.
 
         Raises:
             GeoServeError: a subclass naming the file, band or field at fault.
@@ -393,15 +402,24 @@ class Engine:
             raise ConfigError(
                 f"invalid out_format {out_format!r}; choose one of {', '.join(OUT_FORMATS)}"
             )
-        dates = cast(
+        items = cast(
             list[RasterLike], list(inputs) if isinstance(inputs, list | tuple) else [inputs]
         )
         in_proc = self.in_proc.replace(bands=tuple(bands)) if bands is not None else None
         out_proc = self.out_proc.for_kind(output_kind) if output_kind else None
         path = Path(output_path) if output_path is not None else None
         rid = request_id or uuid.uuid4().hex[:12]
+        when = request_dates(dates, len(items))
         return self._new_request(
-            dates, rid, out_format, path, data_format, in_proc, out_proc, priority=priority
+            items,
+            rid,
+            out_format,
+            path,
+            data_format,
+            in_proc,
+            out_proc,
+            priority=priority,
+            dates=when,
         )
 
     def admit(self, request: Request) -> None:
@@ -445,12 +463,13 @@ class Engine:
         out_format: OutFormat = "path",
         data_format: DataFormat = "auto",
         priority: int = 0,
+        dates: DateLike | Sequence[DateLike] | None = None,
     ) -> str:
         """Admit one request; its patches join the next batches. Returns the request id.
 
-        ``inputs`` is one raster, or a list of rasters as the dates of one place. A request
-        whose input cannot be opened is not raised here: it comes back, failed, from the next
-        :meth:`step`.
+        ``inputs`` is one raster, or a list of rasters as the dates of one place; ``dates``
+        their acquisition dates, as for :meth:`prepare_request`. A request whose input cannot
+        be opened is not raised here: it comes back, failed, from the next :meth:`step`.
         """
         rid = request_id or uuid.uuid4().hex[:12]
         try:
@@ -461,6 +480,7 @@ class Engine:
                 out_format=out_format,
                 data_format=data_format,
                 priority=priority,
+                dates=dates,
             )
         except GeoServeError as exc:
             self._failed.append(ImageRequestOutput(rid, finished=True, error=exc))
@@ -799,6 +819,7 @@ class Engine:
         out_format: OutFormat = "path",
         data_format: DataFormat = "auto",
         progress: ProgressCallback | None = None,
+        dates: Sequence[Any] | None = None,
     ) -> list[ImageRequestOutput]: ...
 
     @overload
@@ -810,6 +831,7 @@ class Engine:
         out_format: OutFormat = "path",
         data_format: DataFormat = "auto",
         progress: ProgressCallback | None = None,
+        dates: DateLike | Sequence[DateLike] | None = None,
     ) -> ImageRequestOutput: ...
 
     def generate_image(
@@ -820,6 +842,7 @@ class Engine:
         out_format: OutFormat = "path",
         data_format: DataFormat = "auto",
         progress: ProgressCallback | None = None,
+        dates: Any = None,
     ) -> ImageRequestOutput | list[ImageRequestOutput]:
         """Run one input, or a list of inputs, to completion.
 
@@ -828,15 +851,24 @@ class Engine:
         ``error`` and do not affect the others. A list item that is itself a list holds the
         dates of one place. For a list, ``output_path`` is a directory.
 
+        ``dates`` are the inputs' acquisition dates (ISO strings, ``date`` or ``datetime``
+        objects), for models that take dates: one per input raster, in order, or nested like
+        the inputs (``[["2020-05-01", "2020-06-01"]]`` for ``[["a.tif", "b.tif"]]``). They win
+        over the inputs' date tags and file-name stamps.
+
         Raises:
-            GeoServeError: for a single input that failed.
+            GeoServeError: for a single input that failed; InputError: ``dates`` does not
+            match the inputs.
         """
         single = not isinstance(x_or_list, list)
         items = cast(list[ImageInput], [x_or_list] if single else list(x_or_list))  # type: ignore[arg-type]
         paths = self._output_paths(items, output_path, out_format, single)
+        per_item = [dates] if single else dates_per_item(items, dates)
         ids = [
-            self.add_request(item, output_path=path, out_format=out_format, data_format=data_format)
-            for item, path in zip(items, paths, strict=False)
+            self.add_request(
+                item, output_path=path, out_format=out_format, data_format=data_format, dates=when
+            )
+            for item, path, when in zip(items, paths, per_item, strict=False)
         ]
         results = {r.request_id: r for r in self.run_until_done(progress)}
         outputs = [cast(ImageRequestOutput, results[i]) for i in ids]

@@ -1,23 +1,26 @@
 """Per-request coordinates for models that take them (Prithvi's temporal and location encoders).
 
 Location is the raster's centre as (lon, lat) in degrees, the same convention as the reference
-Prithvi inference scripts. The acquisition date comes from a date tag if the file carries one,
-else from a ``YYYYMMDDTHHMMSS`` or ``YYYYDDDTHHMMSS`` stamp in the file name (the HLS and
-Sentinel-2 naming conventions), and is returned as (year, day of year).
+Prithvi inference scripts. The acquisition date is the one given with the input if there is
+one, else a date tag the file carries, else a ``YYYYMMDDTHHMMSS`` or ``YYYYDDDTHHMMSS`` stamp in
+the file name (the HLS and Sentinel-2 naming conventions; see :mod:`geoserve.raster.dates`), and
+reaches the model as (year, day of year).
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import re
-from pathlib import PurePath
 
 from rasterio.warp import transform as warp_transform
 
 from geoserve.errors import InputError
+from geoserve.raster.dates import name_date
 from geoserve.raster.source import RasterInfo
 
-_DATE_TAGS = (
+#: Tags (case-insensitive) read for an input's date, in this order; the first holding a
+#: ``YYYY-MM-DD`` / ``YYYY:MM:DD`` / ``YYYYMMDD`` date wins.
+DATE_TAGS = (
     "ACQUISITION_DATE",
     "DATE_ACQUIRED",
     "SENSING_TIME",
@@ -25,7 +28,6 @@ _DATE_TAGS = (
     "DATETIME",
     "TIFFTAG_DATETIME",
 )
-_NAME_STAMP = re.compile(r"(?<!\d)(\d{8}|\d{7})T\d{6}")
 _TAG_DATE = re.compile(r"(\d{4})[-:]?(\d{2})[-:]?(\d{2})")
 
 
@@ -42,35 +44,29 @@ def centre_lonlat(info: RasterInfo) -> tuple[float, float]:
     return float(lons[0]), float(lats[0])
 
 
-def _from_stamp(stamp: str) -> dt.date:
-    if len(stamp) == 8:
-        return dt.datetime.strptime(stamp, "%Y%m%d").date()
-    return dt.datetime.strptime(stamp, "%Y%j").date()
-
-
 def acquisition_date(info: RasterInfo) -> dt.date:
-    """The acquisition date from the raster's tags or, failing that, its file name.
+    """The date given with the input, else the one in its tags, else in its file name.
 
     Raises:
-        InputError: if neither carries a date.
+        InputError: if none of them carries a date.
     """
+    if info.date is not None:
+        return info.date
     tags = {k.upper(): v for k, v in info.tags.items()}
-    for key in _DATE_TAGS:
+    for key in DATE_TAGS:
         match = _TAG_DATE.search(tags.get(key, ""))
         if match:
             try:
                 return dt.date(*map(int, match.groups()))
             except ValueError:
                 continue
-    stamp = _NAME_STAMP.search(PurePath(info.name).name)
-    if stamp:
-        try:
-            return _from_stamp(stamp.group(1))
-        except ValueError:
-            pass
+    date = name_date(info.name)
+    if date is not None:
+        return date
     raise InputError(
-        f"{info.name}: no acquisition date found (looked for tags {', '.join(_DATE_TAGS)} "
-        "and a YYYYMMDDTHHMMSS stamp in the file name)"
+        f"{info.name}: no acquisition date found (looked for tags {', '.join(DATE_TAGS)} "
+        "and a YYYYMMDDTHHMMSS stamp in the file name); give it with dates= in Python, "
+        "--dates on the CLI or a 'dates' field over HTTP"
     )
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import datetime as dt
 import os
 import re
 import warnings
@@ -61,8 +62,9 @@ DataFormat = Literal["auto", "path", "bytes", "b64", "url"]
 class RasterArray:
     """An in-memory raster: ``data`` is (bands, height, width); ``profile`` as rasterio's.
 
-    The profile may hold ``crs``, ``transform``, ``nodata`` and ``descriptions`` (band names);
-    missing keys mean "not georeferenced" / "no nodata" / "unnamed bands".
+    The profile may hold ``crs``, ``transform``, ``nodata``, ``descriptions`` (band names) and
+    ``tags`` (a dict of metadata, such as ``{"ACQUISITION_DATE": "2020-06-01"}``); missing keys
+    mean "not georeferenced" / "no nodata" / "unnamed bands" / "no tags".
     """
 
     data: NDArray[Any]
@@ -92,6 +94,8 @@ class RasterInfo:
     """Bytes GDAL decodes at once for one block row (every band if pixel-interleaved)."""
     held_bytes: int = 0
     """Bytes the opened input itself holds in memory (uploaded or decoded base64 bytes)."""
+    date: dt.date | None = None
+    """The acquisition date given with the input (``dates=``): it wins over tags and name."""
 
     @property
     def is_georeferenced(self) -> bool:

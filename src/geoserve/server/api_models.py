@@ -42,6 +42,9 @@ class ImagesRequest(BaseModel):
     out_data_format: OutDataFormat = "b64_json"
     options: ImageOptions = Field(default_factory=ImageOptions)
     priority: int = 0
+    dates: Any = None
+    """ISO 8601 acquisition dates, one per ``data`` item (for models that take dates); checked
+    by :func:`geoserve.raster.dates.request_dates`, so a bad one is a 400 naming the field."""
 
 
 class PoolingData(BaseModel):
@@ -105,6 +108,21 @@ def form_json(value: Any) -> Any:
         raise InputError(f"form field 'options' is not valid JSON ({exc})") from None
     except RecursionError:
         raise InputError("form field 'options' is nested too deeply") from None
+
+
+def form_dates(values: list[Any]) -> list[str] | None:
+    """The multipart ``dates`` fields: comma-separated, or one field per date (none: None)."""
+    dates: list[str] = []
+    for value in values:
+        if not isinstance(value, str):
+            raise InputError("form field 'dates' must be text (ISO dates, comma-separated)")
+        dates.extend(d.strip() for d in value.split(","))
+    if not any(dates):
+        return None
+    for d in dates:
+        if not d:
+            raise InputError(f"form field 'dates' has an empty date: {','.join(dates)!r}")
+    return dates
 
 
 def validation_message(errors: Any) -> str:

@@ -15,7 +15,7 @@ import re
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -36,18 +36,20 @@ from geoserve.errors import (
     UnknownModelError,
 )
 from geoserve.raster import tempfiles
+from geoserve.raster.dates import DateLike, request_dates
 from geoserve.raster.source import DataFormat, RasterLike
 from geoserve.schemas import ImageRequestOutput, OutFormat
 from geoserve.server.api_models import (
     ImagesRequest,
     PoolingRequest,
+    form_dates,
     form_json,
     parse_json,
     validate,
     validation_message,
 )
 from geoserve.server.errors import error_body, status_for
-from geoserve.server.inputs import fetch_url, remote_input, resolve_input_path
+from geoserve.server.inputs import fetch_url, remote_input, resolve_input_path, upload_dates
 from geoserve.server.metrics import Metrics
 from geoserve.server.middleware import ClientDisconnected, GuardMiddleware
 from geoserve.server.settings import ServerSettings
@@ -168,6 +170,7 @@ class _Service:
         bands: list[int | str] | None = None,
         output_kind: str | None = None,
         priority: int = 0,
+        dates: DateLike | Sequence[DateLike] | None = None,
     ) -> tuple[str, ImageRequestOutput]:
         """Fetch the inputs, run the request and wait for it, unless the client leaves first.
 
@@ -188,6 +191,7 @@ class _Service:
             raise InputError(
                 f"data: {len(items)} dates given; model {self.settings.model!r} takes {frames}"
             )
+        when = request_dates(dates, len(items))  # checked before anything is downloaded
         out_format = _OUT_FORMATS[out_data_format]
         path = self.output_path(rid, out_format)
         t0 = time.perf_counter()
@@ -206,6 +210,7 @@ class _Service:
                 priority=priority,
                 timeout=self.settings.request_timeout_s,
                 deadline=deadline,
+                dates=when,
             )
 
         result = await _unless_disconnected(request, job())
@@ -221,12 +226,13 @@ class _Service:
         """POST /v1/images: multipart upload or JSON; GeoTIFF bytes or JSON back."""
         items: list[Any]
         if request.headers.get("content-type", "").startswith("multipart/form-data"):
-            body, items = await self._parse_multipart(request)
+            body, items, names = await self._parse_multipart(request)
             data_format = "bytes"
+            dates = body.dates if body.dates is not None else upload_dates(names)
         else:
             body = await parse_json(ImagesRequest, await request.body())
             items = body.data if isinstance(body.data, list) else [body.data]
-            data_format = body.data_format
+            data_format, dates = body.data_format, body.dates
         rid, result = await self.run(
             request,
             items,
@@ -235,6 +241,7 @@ class _Service:
             bands=body.options.bands,
             output_kind=body.options.output_kind,
             priority=body.priority,
+            dates=dates,
         )
         out = result.outputs
         assert out is not None
@@ -260,9 +267,13 @@ class _Service:
             headers=echo,
         )
 
-    async def _parse_multipart(self, request: Request) -> tuple[ImagesRequest, list[bytes]]:
+    async def _parse_multipart(
+        self, request: Request
+    ) -> tuple[ImagesRequest, list[bytes], list[str | None]]:
+        """The upload's options, its files, and their parts' file names (client text)."""
         form = await request.form()
         files: list[bytes] = []
+        names: list[str | None] = []
         for i, part in enumerate(form.getlist("file")):
             if isinstance(part, str):
                 raise InputError("'file' must be a file part, not a text field")
@@ -270,6 +281,7 @@ class _Service:
             if not content:
                 raise InputError(f"'file' part {i} ({part.filename or 'unnamed'}) is empty")
             files.append(content)
+            names.append(part.filename)
         if not files:
             raise InputError("multipart upload needs one or more 'file' parts")
         body = validate(
@@ -279,9 +291,10 @@ class _Service:
                 "out_data_format": form.get("out_data_format") or "geotiff",
                 "options": form_json(form.get("options")),
                 "priority": form.get("priority") or 0,
+                "dates": form_dates(form.getlist("dates")),
             },
         )
-        return body, files
+        return body, files, names
 
     async def pooling(self, request: Request) -> Response:
         """POST /pooling: vLLM's IO-processor request and response shapes."""
