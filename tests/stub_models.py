@@ -156,3 +156,17 @@ class NanWhereLarge(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         logits = torch.cat([-x, x], dim=1)
         return torch.where(x > 1e5, torch.full_like(logits, float("nan")), logits)
+
+
+@MODEL_REGISTRY.register_model("test-six-bands")
+@INPUT_REGISTRY.register_input_processor(GeoTiffPatcher(patch_size=16, stride=16))
+@OUTPUT_REGISTRY.register_output_processor(RawReassembler(channels=1))
+class WantsSixBands(nn.Module):
+    """A first layer made for six bands, behind a processor that passes every input band."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(6, 1, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv(x)

@@ -141,9 +141,7 @@ def test_models_fits_100_columns_and_shortens_long_class_lists():
     rows = {line.split()[0]: line for line in lines if not line.startswith(" ")}
     assert rows["ndwi-water"].split()[1:3] == ["geoserve", "B3,B8"]
     crops = rows["prithvi-eo2-300m-tl-crops"]
-    assert (
-        " ".join(crops.split()[1:]) == "geoserve-prithvi 0-5 (3 dates) 13 classes needs --weights"
-    )
+    assert " ".join(crops.split()[1:]) == "geoserve-prithvi 0-5 (3 dates) 13 classes required"
     assert "Natural Vegetation" not in res.stdout
 
 

@@ -53,8 +53,7 @@ class ModelEntry:
             output = ",".join(self.classes) if self.classes else self.output
             if len(output) > CLASS_LIST_WIDTH:
                 output = f"{len(self.classes)} classes"
-            weights = {"required": "needs --weights"}.get(self.weights, self.weights)
-            cells = (bands, output, weights, self.description)
+            cells = (bands, output, self.weights, self.description)
         return dict(zip(HEADER, (self.name, self.plugin, *cells), strict=True))
 
     def as_json(self) -> dict[str, Any]:

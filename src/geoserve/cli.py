@@ -10,6 +10,7 @@ import argparse
 import contextlib
 import json
 import logging
+import os
 import shutil
 import signal
 import sys
@@ -698,6 +699,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("geoserve: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `geoserve models | head`: the reader has gone, quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except Exception as exc:
         if args.debug:
             traceback.print_exc()

@@ -133,3 +133,8 @@ class GeoServeWarning(UserWarning):
 
 class NotGeoreferencedWarning(GeoServeWarning):
     """Issued when an input has no CRS or transform; the output will have none either."""
+
+
+def count(n: int, noun: str) -> str:
+    """``count(1, "band")`` is "1 band", ``count(3, "band")`` "3 bands" (for messages)."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"

@@ -181,3 +181,22 @@ def test_nan_pixels_are_nodata_in_float_output(tmp_path):
     y = out.outputs.tensor.numpy()
     assert np.isnan(y[0, 3, 4])
     assert np.isfinite(np.delete(y.ravel(), 3 * 20 + 4)).all()
+
+
+def test_a_model_that_rejects_its_input_at_warm_up_is_named_with_what_it_got():
+    with pytest.raises(ModelExecutionError) as info:
+        Engine("test-six-bands")
+    message = str(info.value)
+    assert "warm-up on a dummy input: model 'test-six-bands' failed on input of shape" in message
+    assert "(1, 3, 16, 16) (3 bands from its input processor: band_1, band_2, band_3)" in message
+    assert "RuntimeError: Given groups=1" in message
+
+
+def test_a_model_that_rejects_a_request_names_the_input_shape_and_bands(make_geotiff):
+    src = make_geotiff(bands=3, height=16, width=16, descriptions=["B2", "B3", "B4"])
+    with Engine("test-six-bands", warmup=False) as engine, pytest.raises(ModelExecutionError) as e:
+        engine.generate_image(src, out_format="tensor")
+    assert str(e.value).startswith(
+        f"{src}: model 'test-six-bands' failed on input of shape (1, 3, 16, 16) "
+        "(3 bands from its input processor: B2, B3, B4): RuntimeError: "
+    )

@@ -27,7 +27,7 @@ def test_model_without_output_processor_is_refused(cleanup):
             return x
 
     cleanup.append("half-model")
-    with pytest.raises(ProcessorMismatchError, match="'half-model' has no an output processor"):
+    with pytest.raises(ProcessorMismatchError, match="'half-model' has no output processor;"):
         Engine("half-model")
 
 
@@ -38,7 +38,9 @@ def test_model_without_any_processor_is_refused(cleanup):
             return x
 
     cleanup.append("bare-model")
-    with pytest.raises(ProcessorMismatchError, match="input processor and an output processor"):
+    with pytest.raises(
+        ProcessorMismatchError, match="has no input processor and no output processor;"
+    ):
         Engine("bare-model")
 
 

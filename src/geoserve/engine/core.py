@@ -51,8 +51,9 @@ from geoserve.errors import (
     ModelOutputShapeError,
     NotGeoreferencedWarning,
     ProcessorMismatchError,
+    count,
 )
-from geoserve.processors.base import InputProcessor, OutputProcessor
+from geoserve.processors.base import InputProcessor, OutputProcessor, RasterContext
 from geoserve.processors.canvas import RowBand
 from geoserve.processors.patcher import GeoTiffPatcher
 from geoserve.raster.dates import DateLike, dates_per_item, request_dates
@@ -237,7 +238,10 @@ class Engine:
         patch = req.pop_patch()
         req.close()
         assert patch is not None  # dummy inputs have no nodata
-        out = self._forward([patch])
+        try:
+            out = self._forward([patch])
+        except ModelExecutionError as exc:
+            raise ModelExecutionError(f"warm-up on a dummy input: {exc}") from exc
         want = self.out_proc.out_channels
         if want is not None and out.shape[1] != want:
             raise ProcessorMismatchError(
@@ -319,7 +323,8 @@ class Engine:
             if isinstance(exc, BandMismatchError) and wanted:
                 raise BandMismatchError(
                     f"{exc}; model {self.spec.name!r} reads bands "
-                    f"{', '.join(map(str, wanted))} (override with bands= / --bands)"
+                    f"{', '.join(map(str, wanted))} (choose others with --bands on the command "
+                    "line, bands= in Python or options.bands over HTTP)"
                 ) from exc
             raise
         grid = ctx.grid
@@ -641,7 +646,10 @@ class Engine:
                 self._run_batch(batch[:half])
                 self._run_batch(batch[half:])
                 return
-            if not isinstance(exc, GeoServeError):
+            if isinstance(exc, ModelExecutionError):  # the model raised: name the input too
+                logger.error("forward pass failed on a single patch: %s", exc)
+                exc = ModelExecutionError(f"{batch[0].request.ctx.names[0]}: {exc}")
+            elif not isinstance(exc, GeoServeError):
                 logger.exception("forward pass failed on a single patch")
                 exc = ModelExecutionError(
                     f"model {self.spec.name!r} failed on a patch of this request "
@@ -718,8 +726,13 @@ class Engine:
             kwargs = {
                 k: torch.cat([v, v[-1:].expand(pad, *v.shape[1:])]) for k, v in kwargs.items()
             }
-        with torch.inference_mode(), self._autocast():
-            y = self.model(x, **kwargs)
+        try:
+            with torch.inference_mode(), self._autocast():
+                y = self.model(x, **kwargs)
+        except (torch.OutOfMemoryError, GeoServeError):
+            raise
+        except Exception as exc:
+            raise self._model_failed(batch[0].request.ctx, x, exc) from exc
         if isinstance(y, tuple | list):
             y = y[0]
         if not isinstance(y, torch.Tensor):
@@ -737,6 +750,17 @@ class Engine:
                 f"{tuple(x.shape)}; expected (batch={x.shape[0]}, channels, {p}, {p})"
             )
         return y.float()
+
+    def _model_failed(
+        self, ctx: RasterContext, x: torch.Tensor, exc: Exception
+    ) -> ModelExecutionError:
+        """The model raised: say which model, what it was given and where that came from."""
+        names = ", ".join(ctx.band_names)
+        return ModelExecutionError(
+            f"model {self.spec.name!r} failed on input of shape {tuple(x.shape)} "
+            f"({count(len(ctx.bands), 'band')} from its input processor: {names}): "
+            f"{type(exc).__name__}: {exc}"
+        )
 
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
         if self.dtype is None:

@@ -52,7 +52,7 @@ def check_request(req: Request, max_patches: int | None, max_memory: int | None)
     if max_patches is not None and n > max_patches:
         raise PayloadTooLargeError(
             f"{info.name}: {info.width}x{info.height} px makes {n} patches, over the limit of "
-            f"{max_patches} (raise it with max_patches= / --max-patches)"
+            f"{max_patches} (raise it with --max-patches, or max_patches= in Python)"
         )
     need = req.memory_bytes
     if max_memory is not None and need > max_memory:

@@ -38,7 +38,7 @@ def resolve_model(model: str | ModelSpec) -> tuple[ModelSpec, InputProcessor, Ou
         if spec.key not in reg
     ]
     if missing:
-        what = " and ".join(f"an {label} processor" for label, _ in missing)
+        what = " and no ".join(f"{label} processor" for label, _ in missing)
         fix = " and ".join(deco for _, deco in missing)
         raise ProcessorMismatchError(
             f"model {spec.name!r} has no {what}; decorate {spec.key} with {fix}"
@@ -85,7 +85,10 @@ def build_model(
     """
     if weights is None and spec.weights_required:
         hint = f" ({spec.weights_hint})" if spec.weights_hint else ""
-        raise WeightsError(f"model {spec.name!r} needs weights: pass --weights FILE{hint}")
+        raise WeightsError(
+            f"model {spec.name!r} needs a weights file (--weights FILE on the command line, "
+            f"weights= in Python){hint}"
+        )
     if spec.loads_weights:
         module: Any = spec.factory(weights)  # type: ignore[call-arg]
     else:

@@ -24,7 +24,7 @@ from affine import Affine
 from numpy.lib.stride_tricks import sliding_window_view
 from numpy.typing import NDArray
 
-from geoserve.errors import BandMismatchError, ConfigError, InputError
+from geoserve.errors import BandMismatchError, ConfigError, InputError, count
 from geoserve.processors.base import InputProcessor, PatchRow, RasterContext
 from geoserve.raster.coords import acquisition_date, centre_lonlat, year_doy
 from geoserve.raster.grid import BlendMode, PatchGrid, check_tiling, reflect_indices
@@ -157,7 +157,9 @@ class GeoTiffPatcher(InputProcessor):
                 raise BandMismatchError(f"{info.name}: bands differ from {first.name}")
         n = self.in_channels
         if n is not None and len(bands) != n:
-            raise BandMismatchError(f"{first.name} has {len(bands)} bands; the model needs {n}")
+            raise BandMismatchError(
+                f"{first.name} has {count(len(bands), 'band')}; the model needs {n}"
+            )
         nodata = self.nodata if self.nodata is not None else first.nodata
         names = tuple(first.descriptions[b] or f"band_{b + 1}" for b in bands)
         kwargs: dict[str, NDArray[np.float32]] = {}

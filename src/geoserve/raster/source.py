@@ -198,12 +198,13 @@ class DatasetSource(RasterSource):
                 warnings.simplefilter("ignore", rasterio.errors.NotGeoreferencedWarning)
                 self._ds = self._open_with(gdal_drivers(formats), path, options)
         except RasterioError as exc:
+            internal = self._memfile.name if self._memfile is not None else None
             self.close()
             local = data is None and path is not None and not path.startswith("/vsi")
             head = read_head(path) if local and path else (data or b"")[:4096]
             refuse_other_formats(name, head, formats)
             fmt, what = detect_format(head)
-            why = what if fmt in NOT_RASTER else str(exc)
+            why = what if fmt in NOT_RASTER else _without(str(exc), internal)
             raise RasterReadError(f"{name}: not a readable raster ({why})") from exc
         ds = self._ds
         if ds.driver not in gdal_drivers(formats):  # belt and braces: GDAL honoured the list
@@ -389,6 +390,13 @@ def open_raster(
             "a base64 string or a geoserve.RasterArray"
         )
     return source
+
+
+def _without(message: str, internal: str | None) -> str:
+    """GDAL's message without the in-memory file name it gave uploaded bytes."""
+    for form in (internal, internal and internal.rsplit("/", 1)[-1]) if internal else ():
+        message = message.replace(f"{form}: ", "").replace(str(form), "the file")
+    return message
 
 
 def _open_text(

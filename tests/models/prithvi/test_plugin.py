@@ -50,15 +50,15 @@ def test_models_lists_the_plugin():
     res = cli("models")
     assert res.returncode == 0
     lines = {line.split()[0]: line for line in res.stdout.splitlines()[1:]}
-    assert "needs --weights" in lines["prithvi-eo2-300m-tl-sen1floods11"]
-    assert "1,2,3,8,11,12" in lines["prithvi-eo2-300m-tl-sen1floods11"]
+    assert "required" in lines["prithvi-eo2-300m-tl-sen1floods11"]
+    assert "1-3,8,11,12" in lines["prithvi-eo2-300m-tl-sen1floods11"]
     assert "prithvi-eo1-100m" in lines
 
 
-def test_missing_weights_one_line_with_origin(tmp_path):
+def test_missing_weights_one_line_with_origin(tmp_path, make_geotiff):
     res = cli(
         "predict",
-        "x.tif",
+        str(make_geotiff(bands=6)),
         "-o",
         str(tmp_path / "o.tif"),
         "--model",
@@ -66,7 +66,7 @@ def test_missing_weights_one_line_with_origin(tmp_path):
     )
     assert res.returncode == 1
     assert res.stderr.count("\n") == 1
-    assert "needs weights: pass --weights FILE" in res.stderr
+    assert "needs a weights file (--weights FILE on the command line" in res.stderr
     assert "huggingface.co/ibm-nasa-geospatial/Prithvi-EO-2.0-300M-TL-Sen1Floods11" in res.stderr
 
 
