@@ -14,14 +14,13 @@ from pathlib import Path
 
 import pytest
 import rasterio
-from rasterio.windows import Window
 
 from geoserve.cli import DEFAULT_MODEL
-from tests.conftest import serve_ranges
+from tests.conftest import BUNDLED_SCENE as SCENE
+from tests.conftest import serve_ranges, write_bundled_corner
 from tests.server.conftest import running_server
 
 ROOT = Path(__file__).resolve().parents[2]
-SCENE = "data/S2_L1C_T33UUU_20170216T102101_13band_10m.tif"
 
 pytestmark = pytest.mark.skipif(
     not (shutil.which("curl") and shutil.which("jq")), reason="the docs' commands need curl and jq"
@@ -36,12 +35,7 @@ def bash_blocks(doc: str) -> list[str]:
 def workdir(tmp_path_factory) -> Path:
     """A stand-in repository root whose bundled scene is a 256 x 256 corner of the real one."""
     root = tmp_path_factory.mktemp("repo")
-    (root / "data").mkdir()
-    with rasterio.open(ROOT / SCENE) as src:
-        profile = {**src.profile, "width": 256, "height": 256}  # same origin: same transform
-        with rasterio.open(root / SCENE, "w", **profile) as dst:
-            dst.write(src.read(window=Window(0, 0, 256, 256)))
-            dst.descriptions = src.descriptions
+    write_bundled_corner(root)
     return root
 
 
