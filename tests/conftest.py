@@ -151,3 +151,22 @@ def serve_ranges(directory: Path) -> Iterator[tuple[str, list[tuple[str, str, st
     finally:
         httpd.shutdown()
         httpd.server_close()
+
+
+BUNDLED_SCENE = "data/S2_L1C_T33UUU_20170216T102101_13band_10m.tif"  # relative to the repo
+
+
+def write_bundled_corner(root: Path, size: int = 256, name: str = BUNDLED_SCENE) -> Path:
+    """A ``size`` x ``size`` corner of the bundled scene at ``root / name`` (bands, names kept).
+
+    Lets tests run the docs' commands, which name the bundled scene, in a few seconds.
+    """
+    repo = Path(__file__).resolve().parents[1]
+    dest = root / name
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with rasterio.open(repo / BUNDLED_SCENE) as src:
+        profile = {**src.profile, "width": size, "height": size}  # same origin, same transform
+        with rasterio.open(dest, "w", **profile) as dst:
+            dst.write(src.read(window=((0, size), (0, size))))
+            dst.descriptions = src.descriptions
+    return dest

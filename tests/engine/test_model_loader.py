@@ -36,5 +36,30 @@ def test_missing_and_unreadable_weights(tmp_path):
         Engine("test-seg", weights=tmp_path / "nope.pt")
     junk = tmp_path / "junk.pt"
     junk.write_bytes(b"garbage")
-    with pytest.raises(WeightsError, match=r"junk\.pt: cannot read weights"):
+    with pytest.raises(WeightsError, match=r"junk\.pt: cannot read weights") as e:
         Engine("test-seg", weights=junk)
+    assert "\n" not in str(e.value)
+
+
+def test_weights_of_other_shapes_are_named(tmp_path):
+    path = tmp_path / "wide.pt"
+    state = TinySeg().state_dict()
+    state["conv.weight"] = torch.zeros(4, 5, 3, 3)  # a model for 5 bands, not 3
+    torch.save(state, path)
+    with pytest.raises(WeightsError, match=r"wide\.pt: weights do not match model 'test-seg'") as e:
+        Engine("test-seg", weights=path)
+    assert "size mismatch for conv.weight" in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_pickled_module_and_non_mappings_are_refused(tmp_path):
+    whole = tmp_path / "module.pt"
+    torch.save(TinySeg(), whole)
+    with pytest.raises(WeightsError, match=r"module\.pt: holds a pickled tests\.stub_models") as e:
+        Engine("test-seg", weights=whole)
+    assert "state_dict()" in str(e.value)
+    assert "\n" not in str(e.value)
+    listed = tmp_path / "list.pt"
+    torch.save([torch.zeros(1)], listed)
+    with pytest.raises(WeightsError, match=r"list\.pt: not a state dict \(got list\)"):
+        Engine("test-seg", weights=listed)

@@ -6,6 +6,8 @@ the module with its factory and loads local weights strictly, naming missing and
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -65,14 +67,33 @@ def load_weights(module: torch.nn.Module, path: str | Path, model_name: str) -> 
             if isinstance(state, dict) and "state_dict" in state:
                 state = state["state_dict"]
     except Exception as exc:
-        raise WeightsError(f"{path}: cannot read weights ({exc})") from exc
-    result = module.load_state_dict(state, strict=False)
+        raise _read_error(path, exc) from exc
+    if not isinstance(state, Mapping):
+        raise WeightsError(f"{path}: not a state dict (got {type(state).__name__})")
+    try:
+        result = module.load_state_dict(state, strict=False)
+    except RuntimeError as exc:  # shapes that differ: torch lists one per line
+        detail = "; ".join(line.strip() for line in str(exc).splitlines()[1:4])
+        raise WeightsError(f"{path}: weights do not match model {model_name!r}: {detail}") from exc
     if result.missing_keys or result.unexpected_keys:
         raise WeightsError(
             f"{path}: weights do not match model {model_name!r}: "
             f"missing {list(result.missing_keys)[:10]}, "
             f"unexpected {list(result.unexpected_keys)[:10]}"
         )
+
+
+def _read_error(path: Path, exc: Exception) -> WeightsError:
+    """One line for a file torch or safetensors could not read (torch's run to a page)."""
+    text = str(exc)
+    unsafe = re.search(r"Unsupported global: GLOBAL (\S+)", text)
+    if unsafe:
+        return WeightsError(
+            f"{path}: holds a pickled {unsafe.group(1)}, not only tensors (refused: weights are "
+            "loaded with torch.load(weights_only=True)); save model.state_dict() instead"
+        )
+    detail = text.split("WeightsUnpickler error:", 1)[-1].strip() or type(exc).__name__
+    return WeightsError(f"{path}: cannot read weights ({detail.splitlines()[0]})")
 
 
 def build_model(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -9,7 +11,10 @@ from torch import nn
 
 
 def load_checkpoint(
-    path: str | Path, *, variant: str | None = None, config: dict[str, Any] | None = None
+    path: str | Path,
+    *,
+    variant: str | None = None,
+    config: Mapping[str, Any] | str | os.PathLike[str] | None = None,
 ) -> nn.Module:
     """Build and load a Prithvi model from a local checkpoint.
 

@@ -17,7 +17,7 @@ checkpoint) and loaded strictly; missing and unexpected keys are reported by nam
 
 from __future__ import annotations
 
-import json
+import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -26,7 +26,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from geoserve.errors import WeightsError
+from geoserve.errors import ConfigError, WeightsError
+from geoserve.models.prithvi.config import load_config_file, read_config
 from geoserve.models.prithvi.mae import PrithviMAE
 from geoserve.models.prithvi.segmentation import PrithviSegmentation
 from geoserve.models.prithvi.variants import FEATURE_INDICES, VARIANTS, encoder_kwargs
@@ -183,72 +184,6 @@ def infer_config(state: Mapping[str, torch.Tensor]) -> dict[str, Any]:
     return cfg
 
 
-def read_config(path: Path) -> dict[str, Any]:
-    """Architecture arguments from a config next to the checkpoint, if one is there."""
-    for name in ("config.json", "config.yaml"):
-        cfg_path = path.parent / name
-        if cfg_path.is_file():
-            return parse_config(cfg_path)
-    return {}
-
-
-def parse_config(cfg_path: Path) -> dict[str, Any]:
-    """Architecture arguments from a config file.
-
-    Reads an HF ``config.json`` (``pretrained_cfg``), a v1 ``config.yaml`` (``model_args``) or
-    a TerraTorch fine-tune ``config.yaml`` (``model.init_args.model_args``).
-
-    Raises:
-        WeightsError: the file cannot be parsed.
-    """
-    try:
-        if cfg_path.suffix == ".json":
-            raw = json.loads(cfg_path.read_text())
-        else:
-            import yaml
-
-            raw = yaml.safe_load(cfg_path.read_text())
-    except Exception as exc:
-        raise WeightsError(f"{cfg_path}: cannot parse config ({exc})") from exc
-    cfg: dict[str, Any] = {}
-    if "pretrained_cfg" in raw:
-        src = raw["pretrained_cfg"]
-    elif "model_args" in raw:
-        src = raw["model_args"]
-    else:
-        src = raw.get("model", {}).get("init_args", {}).get("model_args", {})
-        if "backbone" in src and src["backbone"] in VARIANTS:
-            cfg.update(VARIANTS[src["backbone"]])
-        for key in ("num_frames", "img_size", "in_chans"):
-            if f"backbone_{key}" in src:
-                cfg[key] = src[f"backbone_{key}"]
-        if "num_classes" in src:
-            cfg["num_classes"] = src["num_classes"]
-        return cfg
-    for key in (
-        "img_size",
-        "num_frames",
-        "in_chans",
-        "embed_dim",
-        "depth",
-        "num_heads",
-        "decoder_embed_dim",
-        "decoder_depth",
-        "decoder_num_heads",
-        "coords_encoding",
-        "coords_scale_learn",
-        "mean",
-        "std",
-        "bands",
-    ):
-        if key in src:
-            cfg[key] = src[key]
-    if "patch_size" in src:
-        ps = src["patch_size"]
-        cfg["patch_size"] = ps if isinstance(ps, int) else int(ps[-1])
-    return cfg
-
-
 def build_model(cfg: Mapping[str, Any]) -> nn.Module:
     """A Prithvi model of kind ``mae``, ``upernet``, ``unet``, ``v1fcn`` or ``encoder``."""
     cfg = dict(cfg)
@@ -283,29 +218,45 @@ def load_checkpoint(
     path: str | Path,
     *,
     variant: str | None = None,
-    config: Mapping[str, Any] | None = None,
+    config: Mapping[str, Any] | str | os.PathLike[str] | None = None,
 ) -> nn.Module:
     """Build the model a checkpoint holds and load it strictly.
 
     Architecture comes from, in increasing precedence: the checkpoint's shapes, a config file
-    beside it, ``variant``, and ``config`` (e.g. command-line options).
+    beside it, ``variant``, and ``config``: a mapping of architecture arguments (e.g.
+    command-line options), or the path of a config file (``.json``, ``.yaml``, ``.yml``; see
+    :mod:`geoserve.models.prithvi.config`), which is then read instead of one beside the
+    checkpoint.
 
     Raises:
-        WeightsError: unreadable file, unknown layout, or keys/shapes that do not match, with
-            the offending keys named.
+        ConfigError: ``config`` is neither a mapping nor a path.
+        WeightsError: unreadable checkpoint or config file, unknown layout, or keys/shapes
+            that do not match, with the offending keys named.
     """
+    if config is not None and not isinstance(config, Mapping | str | os.PathLike):
+        raise ConfigError(
+            "config must be a mapping of architecture arguments or the path of a config file "
+            f"(.json, .yaml, .yml), got {type(config).__name__}"
+        )
     path = Path(path)
+    cfg_file = None
+    if config is None or isinstance(config, Mapping):
+        beside, overrides = read_config(path), dict(config or {})
+    else:
+        cfg_file = Path(config)
+        beside, overrides = {}, load_config_file(cfg_file)
     state = normalize_keys(read_state_dict(path), keep_pos_embed=True)
     cfg = infer_config(state)
     state = {k: v for k, v in state.items() if not k.endswith("pos_embed")}
-    cfg.update(read_config(path))
+    cfg.update(beside)
     if variant is not None:
         cfg.update(encoder_kwargs(variant))
-    cfg.update(config or {})
+    cfg.update(overrides)
     try:
         model = build_model(cfg)
-    except TypeError as exc:
-        raise WeightsError(f"{path}: config does not fit the model ({exc})") from exc
+    except (TypeError, ValueError) as exc:
+        source = f"config {cfg_file}" if cfg_file else "config"
+        raise WeightsError(f"{path}: {source} does not fit the model ({exc})") from exc
     own = model.state_dict()
     for key, value in own.items():  # the model's own computed embeddings are kept
         if key.endswith("pos_embed"):

@@ -1,0 +1,155 @@
+"""Prithvi architecture arguments from config files.
+
+Three published layouts are understood: an HF ``config.json`` (``pretrained_cfg``), a v1
+``config.yaml`` (``model_args``) and a TerraTorch fine-tune ``config.yaml``
+(``model.init_args.model_args``). A file passed explicitly (``load_checkpoint(config=FILE)``)
+may also be a flat mapping of architecture arguments, the same keys ``config`` takes as a dict.
+
+Config files are untrusted input: YAML is read with ``yaml.safe_load`` (plain data, never Python
+objects), files over :data:`MAX_CONFIG_BYTES` are refused unread, and unreadable or malformed
+content is a :class:`~geoserve.errors.WeightsError` naming the file.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, cast
+
+from geoserve.errors import WeightsError
+from geoserve.models.prithvi.variants import VARIANTS
+
+#: Larger config files are refused (published ones are a few kilobytes).
+MAX_CONFIG_BYTES = 1 << 20
+CONFIG_SUFFIXES = (".json", ".yaml", ".yml")
+_ARCH_KEYS = (
+    "img_size",
+    "num_frames",
+    "in_chans",
+    "embed_dim",
+    "depth",
+    "num_heads",
+    "decoder_embed_dim",
+    "decoder_depth",
+    "decoder_num_heads",
+    "coords_encoding",
+    "coords_scale_learn",
+    "mean",
+    "std",
+    "bands",
+)
+_LAYOUTS = (
+    "an HF config.json (pretrained_cfg), a v1 config.yaml (model_args), "
+    "a TerraTorch config.yaml (model.init_args.model_args)"
+)
+
+
+def read_config(path: Path) -> dict[str, Any]:
+    """Architecture arguments from a config next to the checkpoint, if one is there."""
+    for name in ("config.json", "config.yaml"):
+        cfg_path = path.parent / name
+        if cfg_path.is_file():
+            return parse_config(cfg_path)
+    return {}
+
+
+def load_config_file(cfg_path: Path) -> dict[str, Any]:
+    """Architecture arguments from a config file named by the caller.
+
+    One of the published layouts, or a flat mapping of architecture arguments.
+
+    Raises:
+        WeightsError: the file is missing, unreadable, malformed or holds no arguments.
+    """
+    if cfg_path.suffix.lower() not in CONFIG_SUFFIXES:
+        raise WeightsError(
+            f"{cfg_path}: not a config file; expected {', '.join(CONFIG_SUFFIXES)} ({_LAYOUTS}, "
+            "or a flat mapping of architecture arguments)"
+        )
+    cfg = parse_config(cfg_path, flat=True)
+    if not cfg:
+        raise WeightsError(f"{cfg_path}: no architecture arguments found (expected {_LAYOUTS})")
+    return cfg
+
+
+def parse_config(cfg_path: Path, *, flat: bool = False) -> dict[str, Any]:
+    """Architecture arguments from a config file.
+
+    Reads an HF ``config.json`` (``pretrained_cfg``), a v1 ``config.yaml`` (``model_args``) or
+    a TerraTorch fine-tune ``config.yaml`` (``model.init_args.model_args``); with ``flat``, a
+    mapping in none of these layouts is taken as architecture arguments as it is.
+
+    Raises:
+        WeightsError: the file cannot be read or parsed, or its content is not a mapping.
+    """
+    raw = _read_mapping(cfg_path)
+    layout = next((k for k in ("pretrained_cfg", "model_args") if k in raw), None)
+    if layout is None and flat and "model" not in raw:
+        return {str(k): v for k, v in raw.items()}
+    if layout is None:
+        return _terratorch(_section(raw, ("model", "init_args", "model_args"), cfg_path))
+    src = _section(raw, (layout,), cfg_path)
+    cfg = {key: src[key] for key in _ARCH_KEYS if key in src}
+    if "patch_size" in src:
+        ps = src["patch_size"]
+        if isinstance(ps, list | tuple) and ps:
+            ps = ps[-1]
+        if not isinstance(ps, int) or isinstance(ps, bool):
+            raise WeightsError(f"{cfg_path}: patch_size must be an integer or a list of them")
+        cfg["patch_size"] = ps
+    return cfg
+
+
+def _read_mapping(cfg_path: Path) -> Mapping[str, Any]:
+    if not cfg_path.is_file():
+        raise WeightsError(f"{cfg_path}: config file not found")
+    try:
+        with cfg_path.open("rb") as f:
+            data = f.read(MAX_CONFIG_BYTES + 1)
+    except OSError as exc:
+        raise WeightsError(f"{cfg_path}: cannot read config ({exc.strerror or exc})") from exc
+    if len(data) > MAX_CONFIG_BYTES:
+        raise WeightsError(f"{cfg_path}: config over {MAX_CONFIG_BYTES >> 20} MB, refused")
+    if cfg_path.suffix.lower() == ".json":
+        loads: Any = json.loads
+    else:
+        try:
+            import yaml
+        except ImportError:
+            raise WeightsError(
+                f"{cfg_path}: reading YAML configs needs PyYAML (pip install pyyaml)"
+            ) from None
+        loads = yaml.safe_load
+    try:
+        raw = loads(data.decode("utf-8"))
+    except Exception as exc:  # decode, syntax, nesting: all one error for the user
+        detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise WeightsError(f"{cfg_path}: cannot parse config ({detail})") from exc
+    if not isinstance(raw, Mapping):
+        raise WeightsError(f"{cfg_path}: config must be a mapping, got {type(raw).__name__}")
+    return raw
+
+
+def _section(raw: Mapping[str, Any], keys: tuple[str, ...], cfg_path: Path) -> Mapping[str, Any]:
+    """``raw[k0][k1]...``: a missing key gives ``{}``, anything but a mapping an error."""
+    node: Any = raw
+    for i, key in enumerate(keys):
+        node = node.get(key, {})
+        if not isinstance(node, Mapping):
+            where = ".".join(keys[: i + 1])
+            raise WeightsError(f"{cfg_path}: malformed config ({where} is not a mapping)")
+    return cast(Mapping[str, Any], node)
+
+
+def _terratorch(src: Mapping[str, Any]) -> dict[str, Any]:
+    cfg: dict[str, Any] = {}
+    backbone = src.get("backbone")
+    if isinstance(backbone, str) and backbone in VARIANTS:
+        cfg.update(VARIANTS[backbone])
+    for key in ("num_frames", "img_size", "in_chans"):
+        if f"backbone_{key}" in src:
+            cfg[key] = src[f"backbone_{key}"]
+    if "num_classes" in src:
+        cfg["num_classes"] = src["num_classes"]
+    return cfg

@@ -1,0 +1,100 @@
+"""The curl commands of docs/serving.md and the README, run as written against a real server.
+
+The server is started as the docs start it (the CLI's default model); only the port, the
+example URL and the size of the bundled scene (a corner of it, to keep the test quick) differ.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import rasterio
+
+from geoserve.cli import DEFAULT_MODEL
+from tests.conftest import BUNDLED_SCENE as SCENE
+from tests.conftest import serve_ranges, write_bundled_corner
+from tests.server.conftest import running_server
+
+ROOT = Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.skipif(
+    not (shutil.which("curl") and shutil.which("jq")), reason="the docs' commands need curl and jq"
+)
+
+
+def bash_blocks(doc: str) -> list[str]:
+    return re.findall(r"```bash\n(.*?)```", (ROOT / doc).read_text(), flags=re.S)
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory) -> Path:
+    """A stand-in repository root whose bundled scene is a 256 x 256 corner of the real one."""
+    root = tmp_path_factory.mktemp("repo")
+    write_bundled_corner(root)
+    return root
+
+
+@pytest.fixture(scope="module")
+def default_server(workdir) -> Iterator[tuple[str, str]]:
+    with (
+        serve_ranges(workdir) as (files, _),
+        running_server(model=DEFAULT_MODEL, allowed_url_domains=["127.0.0.1"]) as url,
+    ):
+        yield url, files
+
+
+def run(script: str, cwd: Path, url: str, files: str) -> subprocess.CompletedProcess[str]:
+    script = script.replace("localhost:8000", url.removeprefix("http://"))
+    script = script.replace("https://example.org/scene.tif", f"{files}/{SCENE}")
+    return subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", script],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_serving_md_serves_the_default_model():
+    first = bash_blocks("docs/serving.md")[0]
+    (serve,) = [line for line in first.splitlines() if " serve " in line]
+    assert "geoserve serve --port 8000" in serve
+    assert "--model" not in serve.split("#")[0]  # so the server runs the default model
+    assert f"| `--model NAME` | `{DEFAULT_MODEL}` |" in (ROOT / "docs/serving.md").read_text()
+
+
+def test_serving_md_commands_work_on_the_bundled_scene(workdir, default_server):
+    url, files = default_server
+    blocks = [b for b in bash_blocks("docs/serving.md") if "curl" in b or "cp data/" in b]
+    # (the multi-date example needs a multi-date model and dated files: tests/server/test_dates.py)
+    blocks = [b for b in blocks if "-F dates=" not in b]
+    assert len(blocks) >= 4, "docs/serving.md lost its examples"
+    for block in blocks:
+        res = run(block, workdir, url, files)
+        assert res.returncode == 0, f"{block}\n{res.stderr}"
+        if "/pooling" in block:
+            assert '"data_format":"b64_json"' in res.stdout
+    with rasterio.open(workdir / "water.tif") as dst:
+        assert dst.tags()["CLASS_NAMES"] == "not water,water"
+        assert dst.colormap(1)[1][:3] == (31, 120, 220)
+    with rasterio.open(workdir / "probabilities.tif") as dst:
+        assert dst.descriptions == ("not water", "water")
+        assert (dst.width, dst.height, dst.dtypes[0]) == (256, 256, "float32")
+
+
+def test_readme_upload_fails_loudly(workdir, default_server, tmp_path):
+    url, files = default_server
+    (curl,) = [line for b in bash_blocks("README.md") for line in b.splitlines() if "curl" in line]
+    shutil.copy(workdir / SCENE, tmp_path / "scene.tif")
+    assert run(curl, tmp_path, url, files).returncode == 0
+    with rasterio.open(tmp_path / "water.tif") as dst:
+        assert dst.count == 1
+    (tmp_path / "scene.tif").write_text("not a GeoTIFF")
+    res = run(curl, tmp_path, url, files)
+    assert res.returncode == 22, res.stderr  # not 0 with the error body in water.tif
+    assert '"object":"error"' in (tmp_path / "water.tif").read_text()
