@@ -99,7 +99,8 @@ def test_cli_interrupted_mid_scene_leaves_no_file(make_geotiff, tmp_path):
     src = make_geotiff(bands=1, height=2000, width=64)
     out_dir = tmp_path / "out"
     out_dir.mkdir()
-    env = {**os.environ, "GEOSERVE_TEST_SLOW": "0.02"}
+    # ~25 s uninterrupted, so that even a slow (loaded) test process signals it mid-scene
+    env = {**os.environ, "GEOSERVE_TEST_SLOW": "0.1"}
     proc = subprocess.Popen(
         [
             sys.executable,
