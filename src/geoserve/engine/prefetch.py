@@ -11,7 +11,6 @@ the pool's threads; within one request, GDAL decodes the tiles of a row band on 
 
 from __future__ import annotations
 
-import contextlib
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -140,5 +139,4 @@ class RowPrefetcher(Generic[T]):
             self._ahead.clear()
         for task, out in ahead:
             if not task.cancel():
-                with contextlib.suppress(BaseException):
-                    out.result()
+                out.exception()  # wait for the read (its error is the consumer's, not ours)
