@@ -200,3 +200,14 @@ def test_a_model_that_rejects_a_request_names_the_input_shape_and_bands(make_geo
         f"{src}: model 'test-six-bands' failed on input of shape (1, 3, 16, 16) "
         "(3 bands from its input processor: B2, B3, B4): RuntimeError: "
     )
+
+
+@pytest.mark.parametrize("keep", [9, 200])
+def test_broken_uploaded_bytes_are_not_named_by_an_internal_file(identity, make_geotiff, keep):
+    raw = make_geotiff(compress="deflate", tiled=True, height=64, width=64).read_bytes()
+    with pytest.raises(RasterReadError) as info:
+        identity.generate_image(raw[:keep])
+    message = str(info.value)
+    assert message.startswith("<bytes>: not a readable raster (TIFFReadDirectory")
+    assert "vsimem" not in message
+    assert ".tif" not in message  # GDAL named the in-memory copy <uuid>.tif
