@@ -74,6 +74,10 @@ class GeoTiffPatcher(InputProcessor):
             stacks and 6-band HLS files).
         nodata: Override the input's declared nodata value.
         fill: Value (after normalisation) written into masked pixels before the model sees them.
+        band_roles: What each selected band is, in selection order (e.g. ``("BLUE", "GREEN",
+            "RED", "NIR_NARROW", "SWIR_1", "SWIR_2")``); for people and pictures only: a
+            quicklook of a file whose bands have no descriptions draws RED, GREEN and BLUE
+            from them.
     """
 
     bands: tuple[int | str, ...] | None = None
@@ -90,9 +94,10 @@ class GeoTiffPatcher(InputProcessor):
     ) = None
     nodata: float | None = None
     fill: float = 0.0
+    band_roles: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
-        for name in ("bands", "mean", "std"):
+        for name in ("bands", "mean", "std", "band_roles"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, tuple):
                 object.__setattr__(self, name, tuple(value))
@@ -113,7 +118,7 @@ class GeoTiffPatcher(InputProcessor):
             object.__setattr__(self, "stride", default)
         check_tiling(self.patch_size, self.stride, self.blend)
         n = self.in_channels
-        for name in ("mean", "std"):
+        for name in ("mean", "std", "band_roles"):
             value = getattr(self, name)
             if value is not None and n is not None and len(value) != n:
                 raise ConfigError(f"{name} has {len(value)} values but {n} bands are selected")
@@ -131,10 +136,16 @@ class GeoTiffPatcher(InputProcessor):
         return None
 
     def replace(self, **changes: Any) -> GeoTiffPatcher:
-        """Copy with changes; a new ``patch_size`` or ``blend`` re-derives a default stride."""
+        """Copy with changes.
+
+        A new ``patch_size`` or ``blend`` re-derives a default stride; new ``bands`` drop the
+        ``band_roles`` of the old ones.
+        """
         changes = {k: v for k, v in changes.items() if v is not None}
         if ("patch_size" in changes or "blend" in changes) and "stride" not in changes:
             changes["stride"] = None
+        if "bands" in changes and "band_roles" not in changes:
+            changes["band_roles"] = None
         return dataclasses.replace(self, **changes) if changes else self
 
     # -- per request -----------------------------------------------------------------------
@@ -150,10 +161,9 @@ class GeoTiffPatcher(InputProcessor):
             )
         first = infos[0]
         _check_same_grid(first, infos[1:])
-        selectors = dict(self.bands_by_count or ()).get(first.count, self.bands)  # type: ignore[arg-type]
-        bands = resolve_bands(first, selectors)
+        bands = self._select(first)
         for info in infos[1:]:
-            if resolve_bands(info, selectors) != bands:
+            if self._select(info) != bands:
                 raise BandMismatchError(f"{info.name}: bands differ from {first.name}")
         n = self.in_channels
         if n is not None and len(bands) != n:
@@ -177,6 +187,21 @@ class GeoTiffPatcher(InputProcessor):
             has_nodata=nodata is not None or any(np.dtype(i.dtype).kind == "f" for i in infos),
             model_kwargs=kwargs,
         )
+
+    def _select(self, info: RasterInfo) -> list[int]:
+        """0-based indices of the bands of ``info`` fed to the model."""
+        selectors = dict(self.bands_by_count or ()).get(info.count, self.bands)  # type: ignore[arg-type]
+        return resolve_bands(info, selectors)
+
+    def band_roles_for(self, info: RasterInfo) -> dict[int, str]:
+        """The role (``band_roles``) of each band of ``info`` the model reads, by 0-based index.
+
+        Raises:
+            BandMismatchError: the file lacks a band the model selects.
+        """
+        if not self.band_roles:
+            return {}
+        return dict(zip(self._select(info), self.band_roles, strict=False))
 
     def read_row(self, sources: Sequence[RasterSource], ctx: RasterContext, row: int) -> PatchRow:
         """Read grid row ``row`` of every date and cut it into normalised patches (numpy).
