@@ -170,3 +170,21 @@ class WantsSixBands(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.conv(x)
+
+
+@MODEL_REGISTRY.register_model("test-roles")
+@INPUT_REGISTRY.register_input_processor(
+    GeoTiffPatcher(
+        bands=(0, 1, 2, 3, 4, 5),
+        band_roles=("BLUE", "GREEN", "RED", "NIR_NARROW", "SWIR_1", "SWIR_2"),
+        patch_size=16,
+        stride=16,
+        blend="none",
+    )
+)
+@OUTPUT_REGISTRY.register_output_processor(RawReassembler())
+class RolesIdentity(nn.Module):
+    """Identity that declares what its six input bands are (HLS order: blue first)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x

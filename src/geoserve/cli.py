@@ -510,7 +510,7 @@ def _predict_all(engine: Any, args: argparse.Namespace, skip: set[str]) -> int:
             progress.update(total - engine.queued_patches, final=not engine.has_unfinished())
         for result in results:
             patches += result.num_patches
-            failed += _report(result, args, quicklooks)
+            failed += _report(result, args, quicklooks, engine.in_proc)
     if not args.quiet and len(items) > 1:
         dt = time.perf_counter() - t0
         print(
@@ -537,9 +537,12 @@ def _quicklook_paths(
 
 
 def _report(
-    result: ImageRequestOutput | Any, args: argparse.Namespace, quicklooks: dict[str, Any]
+    result: ImageRequestOutput | Any,
+    args: argparse.Namespace,
+    quicklooks: dict[str, Any],
+    in_proc: Any = None,
 ) -> int:
-    """Print one finished request; draw its quicklook; 1 if it failed."""
+    """Print one finished request, then draw its quicklook; 1 if it failed."""
     if result.error is not None:
         if args.debug:
             traceback.print_exception(result.error)
@@ -547,20 +550,23 @@ def _report(
         return 1
     o = result.outputs
     assert o is not None
+    if not args.quiet:
+        print(
+            f"wrote {o.path} ({o.width}x{o.height}, {o.count} band(s) {o.dtype}, "
+            f"{result.num_patches} patches, {result.timings.total:.2f} s)",
+            flush=True,
+        )
     if result.request_id in quicklooks:
-        from geoserve.quicklook import render_quicklook
+        from geoserve.quicklook import model_band_roles, render_quicklook
 
         item, png = quicklooks[result.request_id]
         first = item[0] if isinstance(item, list) else item
         assert o.path is not None
-        render_quicklook(first, o.path, png)
+        if not args.quiet:
+            print("drawing quicklook…", file=sys.stderr, flush=True)
+        render_quicklook(first, o.path, png, roles=model_band_roles(in_proc, first))
         if not args.quiet:
             print(f"wrote {png} (quicklook)")
-    if not args.quiet:
-        print(
-            f"wrote {o.path} ({o.width}x{o.height}, {o.count} band(s) {o.dtype}, "
-            f"{result.num_patches} patches, {result.timings.total:.2f} s)"
-        )
     return 0
 
 

@@ -38,6 +38,61 @@ def test_identity_center_reproduces_input_exactly(h, w, patch, data):
     np.testing.assert_array_equal(out.outputs.tensor.numpy(), image.astype(np.float32))
 
 
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    h=st.integers(1, 70),
+    w=st.integers(1, 70),
+    patch=st.integers(4, 40),
+    dtype=st.sampled_from(["uint8", "int16", "uint16", "float32"]),
+    share=st.sampled_from([0.0, 0.05, 0.5, 0.95, 1.0]),
+    data=st.data(),
+)
+def test_identity_keeps_each_bands_own_nodata(h, w, patch, dtype, share, data):
+    """identity's output equals its input band by band: a value that is nodata in one band is
+    NaN in that band only, and the pixel's other bands keep their values."""
+    import tempfile
+    from pathlib import Path
+
+    import rasterio
+
+    stride = data.draw(st.integers(1, patch))
+    preprocess = data.draw(st.sampled_from(["host", "device"]))
+    rng = np.random.default_rng(h * 1000 + w)
+    image = rng.integers(1, 120, size=(3, h, w)).astype(dtype)
+    nodata = 0 if dtype in ("uint8", "uint16") else -9999
+    gone = rng.random(image.shape) < share  # per band, independently
+    gone[-1, -1, -1] = False  # an image with no valid value at all gives one band of NaN
+    image[gone] = nodata
+    if dtype == "float32":
+        image[0, 0, 0] = np.nan  # NaN is nodata in a float band whatever is declared
+        gone[0, 0, 0] = True
+    with tempfile.TemporaryDirectory() as tmp:
+        src, dst = Path(tmp) / "in.tif", Path(tmp) / "out.tif"
+        write_geotiff(src, image, nodata=nodata)
+        engine = Engine(
+            "identity",
+            patch_size=patch,
+            stride=stride,
+            blend="center",
+            preprocess=preprocess,
+            warmup=False,
+        )
+        engine.generate_image(src, output_path=dst).raise_for_error()
+        out, profile = read(dst)
+        with rasterio.open(src) as a, rasterio.open(dst) as b:
+            assert (a.crs, a.transform, a.width, a.height) == (
+                b.crs,
+                b.transform,
+                b.width,
+                b.height,
+            )
+            # GDAL's per-band masks of the output: nodata exactly where that band was
+            np.testing.assert_array_equal(b.read_masks(), np.where(gone, 0, 255))
+    assert np.isnan(profile["nodata"])
+    np.testing.assert_array_equal(np.isnan(out), gone)
+    np.testing.assert_array_equal(out[~gone], image[~gone].astype(np.float32))
+
+
 @pytest.mark.parametrize("blend", ["none", "mean", "cosine"])
 @pytest.mark.parametrize(("h", "w"), [(1, 1), (1, 77), (64, 1), (33, 31), (100, 70)])
 def test_identity_other_blends_reproduce_input(blend, h, w):

@@ -112,3 +112,19 @@ def test_patch_rows_decode_each_block_once(make_geotiff, layout, block, patch, s
     uncached = open_raster(RasterArray(whole))
     for r, row in enumerate(rows):
         np.testing.assert_array_equal(row.patches, proc.read_row([uncached], ctx, r).patches)
+
+
+def test_gdal_block_cache_is_capped_at_64_megabytes(monkeypatch):
+    """Engines cap GDAL's cache at 64 MB (rasterio takes bytes: 64 would mean 64 bytes, and
+    every reduced read, such as a quicklook's, decoded each tile again per output row)."""
+    from rasterio.env import get_gdal_config, set_gdal_config
+
+    from geoserve.raster.source import limit_gdal_cache
+
+    monkeypatch.delenv("GDAL_CACHEMAX", raising=False)
+    before = get_gdal_config("GDAL_CACHEMAX")
+    try:
+        limit_gdal_cache()
+        assert get_gdal_config("GDAL_CACHEMAX") == 64 * 2**20
+    finally:
+        set_gdal_config("GDAL_CACHEMAX", before)

@@ -70,6 +70,7 @@ def _segmentation(weights: str | Path, name: str, decoder: str, classes: int) ->
 @INPUT_REGISTRY.register_input_processor(
     GeoTiffPatcher(
         bands=S2_L1C_PRITHVI_INDICES,
+        band_roles=PRITHVI_BANDS,
         bands_by_count={13: S2_L1C_PRITHVI_INDICES, 6: HLS_6},
         scale_factor=1e-4,
         mean=SEN1FLOODS11_MEAN,
@@ -103,6 +104,7 @@ def sen1floods11(weights: str | Path) -> nn.Module:
 @INPUT_REGISTRY.register_input_processor(
     GeoTiffPatcher(
         bands=HLS_6,
+        band_roles=PRITHVI_BANDS,
         mean=V1_MEAN,
         std=V1_STD,
         patch_size=224,
@@ -136,6 +138,7 @@ def eo1_100m(weights: str | Path) -> nn.Module:
 @INPUT_REGISTRY.register_input_processor(
     GeoTiffPatcher(
         bands=HLS_6,
+        band_roles=PRITHVI_BANDS,
         mean=BURN_SCARS_MEAN,
         std=BURN_SCARS_STD,
         patch_size=512,
@@ -166,6 +169,7 @@ def burnscars(weights: str | Path) -> nn.Module:
 @INPUT_REGISTRY.register_input_processor(
     GeoTiffPatcher(
         bands=HLS_6,
+        band_roles=PRITHVI_BANDS,
         mean=CROPS_MEAN,
         std=CROPS_STD,
         patch_size=224,

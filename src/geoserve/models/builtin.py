@@ -20,7 +20,10 @@ NDWI_SHARPNESS = 10.0
 
 
 @MODEL_REGISTRY.register_model("identity", description="returns its input bands (lossless check)")
-@INPUT_REGISTRY.register_input_processor(GeoTiffPatcher(patch_size=224, blend="center"))
+@INPUT_REGISTRY.register_input_processor(
+    # each band keeps its own nodata, as NaN through the model: the output equals the input
+    GeoTiffPatcher(patch_size=224, blend="center", per_band_nodata=True, fill=float("nan"))
+)
 @OUTPUT_REGISTRY.register_output_processor(RawReassembler())
 class Identity(nn.Module):
     """Returns its input unchanged."""

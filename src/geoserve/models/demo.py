@@ -22,7 +22,12 @@ import torch
 from torch import nn
 
 from geoserve.models.prithvi.encoder import PrithviViT
-from geoserve.models.prithvi.variants import S2_L1C_PRITHVI_INDICES, V2_MEAN, V2_STD
+from geoserve.models.prithvi.variants import (
+    PRITHVI_BANDS,
+    S2_L1C_PRITHVI_INDICES,
+    V2_MEAN,
+    V2_STD,
+)
 from geoserve.processors import GeoTiffPatcher, SegmentationReassembler
 from geoserve.registry import INPUT_REGISTRY, MODEL_REGISTRY, OUTPUT_REGISTRY
 
@@ -80,6 +85,7 @@ def model_card() -> dict[str, Any]:
 @INPUT_REGISTRY.register_input_processor(
     GeoTiffPatcher(
         bands=S2_L1C_PRITHVI_INDICES,
+        band_roles=PRITHVI_BANDS,
         mean=V2_MEAN,
         std=V2_STD,
         patch_size=224,

@@ -20,7 +20,7 @@ import torch
 from numpy.typing import NDArray
 
 from geoserve.raster.grid import PatchGrid
-from geoserve.raster.source import RasterArray, RasterSource
+from geoserve.raster.source import RasterArray, RasterInfo, RasterSource
 from geoserve.raster.write import OutputRaster
 from geoserve.schemas import OUTPUT_KINDS as OUTPUT_KINDS
 from geoserve.schemas import OutputKind as OutputKind
@@ -114,6 +114,13 @@ class InputProcessor(ABC, Configurable):
     def in_channels(self) -> int | None:
         """Number of bands fed to the model, if fixed by the configuration."""
         return None
+
+    def band_roles_for(self, info: RasterInfo) -> Mapping[int, str]:
+        """What the bands of ``info`` the model reads are (``"RED"``, ...), by 0-based index.
+
+        For pictures only (the CLI's quicklook); none by default.
+        """
+        return {}
 
 
 class OutputProcessor(ABC, Configurable):

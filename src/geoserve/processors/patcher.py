@@ -39,7 +39,8 @@ class RawBand:
         raw: (C, P, Wp), or (C, T, P, Wp) for T dates, in the file's dtype: the rows under the
             grid row and the columns under all its patches, ``Wp = (cols - 1) * S + P`` wide,
             reflected past the image edges. Patch ``c`` is columns ``[c*S, c*S + P)``.
-        invalid: (P, Wp) mask of nodata/NaN pixels, or ``None`` when there are none.
+        invalid: What to fill: (P, Wp) nodata/NaN pixels, or with ``per_band_nodata`` the
+            values themselves, shaped like ``raw``; ``None`` when there are none.
         cols: Grid columns of the patches to cut (all-nodata ones are left out).
         core_valid: As :attr:`PatchRow.core_valid`.
     """
@@ -74,6 +75,17 @@ class GeoTiffPatcher(InputProcessor):
             stacks and 6-band HLS files).
         nodata: Override the input's declared nodata value.
         fill: Value (after normalisation) written into masked pixels before the model sees them.
+        per_band_nodata: Each band's nodata is its own: only the nodata values themselves are
+            replaced by ``fill`` (the pixel's other bands keep theirs), and a pixel counts as
+            nodata (skipped, and nodata in every output band) only where every band (and
+            date) is. With ``fill=float("nan")`` a per-pixel model then carries each band's
+            nodata to its output as NaN: ``identity`` does, and gives back its input exactly.
+            By default a pixel that is nodata in any band is filled in every band and is
+            nodata in every output band.
+        band_roles: What each selected band is, in selection order (e.g. ``("BLUE", "GREEN",
+            "RED", "NIR_NARROW", "SWIR_1", "SWIR_2")``); for people and pictures only: a
+            quicklook of a file whose bands have no descriptions draws RED, GREEN and BLUE
+            from them.
     """
 
     bands: tuple[int | str, ...] | None = None
@@ -90,9 +102,11 @@ class GeoTiffPatcher(InputProcessor):
     ) = None
     nodata: float | None = None
     fill: float = 0.0
+    per_band_nodata: bool = False
+    band_roles: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
-        for name in ("bands", "mean", "std"):
+        for name in ("bands", "mean", "std", "band_roles"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, tuple):
                 object.__setattr__(self, name, tuple(value))
@@ -113,7 +127,7 @@ class GeoTiffPatcher(InputProcessor):
             object.__setattr__(self, "stride", default)
         check_tiling(self.patch_size, self.stride, self.blend)
         n = self.in_channels
-        for name in ("mean", "std"):
+        for name in ("mean", "std", "band_roles"):
             value = getattr(self, name)
             if value is not None and n is not None and len(value) != n:
                 raise ConfigError(f"{name} has {len(value)} values but {n} bands are selected")
@@ -131,10 +145,16 @@ class GeoTiffPatcher(InputProcessor):
         return None
 
     def replace(self, **changes: Any) -> GeoTiffPatcher:
-        """Copy with changes; a new ``patch_size`` or ``blend`` re-derives a default stride."""
+        """Copy with changes.
+
+        A new ``patch_size`` or ``blend`` re-derives a default stride; new ``bands`` drop the
+        ``band_roles`` of the old ones.
+        """
         changes = {k: v for k, v in changes.items() if v is not None}
         if ("patch_size" in changes or "blend" in changes) and "stride" not in changes:
             changes["stride"] = None
+        if "bands" in changes and "band_roles" not in changes:
+            changes["band_roles"] = None
         return dataclasses.replace(self, **changes) if changes else self
 
     # -- per request -----------------------------------------------------------------------
@@ -150,10 +170,9 @@ class GeoTiffPatcher(InputProcessor):
             )
         first = infos[0]
         _check_same_grid(first, infos[1:])
-        selectors = dict(self.bands_by_count or ()).get(first.count, self.bands)  # type: ignore[arg-type]
-        bands = resolve_bands(first, selectors)
+        bands = self._select(first)
         for info in infos[1:]:
-            if resolve_bands(info, selectors) != bands:
+            if self._select(info) != bands:
                 raise BandMismatchError(f"{info.name}: bands differ from {first.name}")
         n = self.in_channels
         if n is not None and len(bands) != n:
@@ -179,6 +198,21 @@ class GeoTiffPatcher(InputProcessor):
             has_nodata=nodata is not None or any(np.dtype(i.dtype).kind == "f" for i in infos),
             model_kwargs=kwargs,
         )
+
+    def _select(self, info: RasterInfo) -> list[int]:
+        """0-based indices of the bands of ``info`` fed to the model."""
+        selectors = dict(self.bands_by_count or ()).get(info.count, self.bands)  # type: ignore[arg-type]
+        return resolve_bands(info, selectors)
+
+    def band_roles_for(self, info: RasterInfo) -> dict[int, str]:
+        """The role (``band_roles``) of each band of ``info`` the model reads, by 0-based index.
+
+        Raises:
+            BandMismatchError: the file lacks a band the model selects.
+        """
+        if not self.band_roles:
+            return {}
+        return dict(zip(self._select(info), self.band_roles, strict=False))
 
     def read_row(self, sources: Sequence[RasterSource], ctx: RasterContext, row: int) -> PatchRow:
         """Read grid row ``row`` of every date and cut it into normalised patches (numpy).
@@ -256,12 +290,10 @@ class GeoTiffPatcher(InputProcessor):
         rows = reflect_indices(r0, grid.patch_size, grid.height)
         lo, hi = int(rows.min()), int(rows.max()) + 1
         nodata = ctx.profile.get("nodata")
-        stacks, invalid = [], np.zeros((grid.patch_size, grid.width), dtype=bool)
+        stacks, masks = [], []
         for src in sources:
             raw = _take(src.read_rows(lo, hi, ctx.bands), rows - lo, axis=1)
-            bad = _invalid(raw, nodata)
-            if bad is not None:
-                invalid |= bad
+            masks.append(_invalid(raw, nodata))
             stacks.append(raw)
         data = stacks[0] if self.num_frames == 1 else np.stack(stacks, axis=1)
         # the columns under all patches of the row, reflected past the edges: a view when the
@@ -270,8 +302,14 @@ class GeoTiffPatcher(InputProcessor):
         col_idx = reflect_indices(grid.origin(row, 0)[1], span, grid.width)
         data = _take(data, col_idx, axis=-1)
         cols = tuple(range(grid.cols))
+        bad = _stacked(masks, stacks[0].shape)  # like data before the column take, or None
+        if bad is None:
+            return RawBand(raw=data, invalid=None, cols=cols, core_valid=None)
+        # an invalid pixel: nodata in any band (and date), or with per_band_nodata in all
+        lead = tuple(range(bad.ndim - 2))
+        invalid = np.asarray(bad.all(lead) if self.per_band_nodata else bad.any(lead))
+        to_fill = _take(bad if self.per_band_nodata else invalid, col_idx, axis=-1)
         core_valid = None
-        wide_invalid = None
         if invalid.any():
             wide_invalid = _take(invalid, col_idx, axis=-1)
             # nothing valid to predict: skip the model for that patch
@@ -282,7 +320,7 @@ class GeoTiffPatcher(InputProcessor):
             )
             core_h = grid.core_window(row, 0).height
             core_valid = ~invalid[grid.margin : grid.margin + core_h]
-        return RawBand(raw=data, invalid=wide_invalid, cols=cols, core_valid=core_valid)
+        return RawBand(raw=data, invalid=to_fill, cols=cols, core_valid=core_valid)
 
     def normalize(self, raw: NDArray[Any]) -> NDArray[np.float32]:
         """(raw * scale_factor - mean) / std, per band (the first axis), in float32."""
@@ -344,16 +382,31 @@ def _take(arr: NDArray[Any], idx: NDArray[np.intp], axis: int) -> NDArray[Any]:
 
 
 def _invalid(raw: NDArray[Any], nodata: float | None) -> NDArray[np.bool_] | None:
-    """(rows, width) mask of pixels where any band is nodata, NaN or ±inf; None if none."""
+    """(bands, rows, width) mask of values that are nodata, NaN or ±inf; None if none are."""
     bad = None
     if raw.dtype.kind == "f":
-        bad = ~np.isfinite(raw).all(axis=0)
+        bad = ~np.isfinite(raw)
         if raw.dtype.itemsize > 4:  # finite float64 beyond float32's range would become inf
-            bad |= (np.abs(raw) > np.finfo(np.float32).max).any(axis=0)
+            bad |= np.abs(raw) > np.finfo(np.float32).max
     if nodata is not None and not np.isnan(nodata):
-        eq = (raw == nodata).any(axis=0)
+        eq = raw == nodata
         bad = eq if bad is None else bad | eq
-    return bad
+    return bad if bad is not None and bad.any() else None
+
+
+def _stacked(
+    masks: Sequence[NDArray[np.bool_] | None], shape: tuple[int, ...]
+) -> NDArray[np.bool_] | None:
+    """The dates' (bands, rows, width) masks as one, stacked like the dates; None if none.
+
+    ``shape`` is one date's; several dates stack on axis 1, as their data does.
+    """
+    if all(m is None for m in masks):
+        return None
+    if len(masks) == 1:
+        return masks[0]
+    empty = np.zeros(shape, dtype=bool)
+    return np.stack([empty if m is None else m for m in masks], axis=1)
 
 
 def _check_same_grid(first: RasterInfo, others: Sequence[RasterInfo]) -> None:

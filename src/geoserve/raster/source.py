@@ -162,7 +162,7 @@ def limit_gdal_cache(megabytes: int = GDAL_CACHE_MB) -> None:
     if "GDAL_CACHEMAX" not in os.environ:
         from rasterio._env import set_gdal_config
 
-        set_gdal_config("GDAL_CACHEMAX", megabytes)
+        set_gdal_config("GDAL_CACHEMAX", megabytes << 20)  # rasterio passes bytes to GDAL
 
 
 def default_read_workers() -> int:
