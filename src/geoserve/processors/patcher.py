@@ -26,9 +26,10 @@ from numpy.typing import NDArray
 
 from geoserve.errors import BandMismatchError, ConfigError, InputError, count
 from geoserve.processors.base import InputProcessor, PatchRow, RasterContext
+from geoserve.raster.bands import resolve_bands
 from geoserve.raster.coords import acquisition_date, centre_lonlat, year_doy
 from geoserve.raster.grid import BlendMode, PatchGrid, check_tiling, reflect_indices
-from geoserve.raster.source import RasterArray, RasterInfo, RasterSource, resolve_bands
+from geoserve.raster.source import RasterArray, RasterInfo, RasterSource
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,6 @@
 """Raster I/O and geometry: opening inputs, the patch grid, writing outputs (no torch here)."""
 
+from geoserve.raster.bands import resolve_bands
 from geoserve.raster.grid import BLEND_MODES, BlendMode, PatchGrid, reflect_indices
 from geoserve.raster.source import (
     RasterArray,
@@ -7,7 +8,6 @@ from geoserve.raster.source import (
     RasterLike,
     RasterSource,
     open_raster,
-    resolve_bands,
 )
 from geoserve.raster.write import OutputRaster, geotiff_bytes, write_geotiff
 
