@@ -55,14 +55,21 @@ _HOMES = {
 __all__ = sorted([*_HOMES, "__version__"])
 
 
-def __getattr__(name: str) -> Any:
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module 'geoserve' has no attribute {name!r}")
-    value = getattr(importlib.import_module(home), name)
-    globals()[name] = value  # once imported, a plain attribute
-    return value
+if not TYPE_CHECKING:  # (so that mypy still reports a misspelt name)
+
+    def __getattr__(name: str) -> Any:
+        home = _HOMES.get(name)
+        if home is None:  # a submodule, as `import geoserve; geoserve.errors` always allowed
+            try:
+                return importlib.import_module(f"geoserve.{name}")
+            except ModuleNotFoundError as exc:
+                if exc.name != f"geoserve.{name}":
+                    raise  # the submodule exists but needs something not installed
+                raise AttributeError(f"module 'geoserve' has no attribute {name!r}") from None
+        value = getattr(importlib.import_module(home), name)
+        globals()[name] = value  # once imported, a plain attribute
+        return value
 
 
 def __dir__() -> list[str]:
-    return sorted([*globals(), *_HOMES])
+    return sorted({*__all__, *(k for k in globals() if k.startswith("__"))})

@@ -7,6 +7,8 @@ package that registered it), what it reads and writes, and whether it needs a we
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from importlib.metadata import packages_distributions
 from typing import Any
@@ -94,7 +96,7 @@ def model_entries() -> list[ModelEntry]:
 def plugin_of(obj: Any) -> str:
     """The installed distribution whose code defines ``obj`` (its top-level module if none)."""
     top = str(getattr(obj, "__module__", "") or "?").split(".")[0]
-    dists = packages_distributions().get(top)
+    dists = _distributions().get(top)
     return dists[0] if dists else top
 
 
@@ -145,6 +147,11 @@ def _ranges(values: list[int | str]) -> str:
         elif v is not None:
             parts.append(v)
     return ",".join(parts)
+
+
+@functools.cache
+def _distributions() -> Mapping[str, list[str]]:
+    return packages_distributions()  # (reads every installed package's file list: once)
 
 
 def _cut(text: str, width: int) -> str:

@@ -432,8 +432,9 @@ def _cmd_predict(args: argparse.Namespace) -> int:
     if bad and (args.time_series or len(bad) == len(args.inputs)):
         return 1  # nothing left to run: don't load the model
     with _notice(f"loading model {args.model}…", quiet=args.quiet):
-        from geoserve.engine import Engine  # (torch's import is most of the wait)
+        from geoserve.engine import Engine, resolve_model  # (torch's import: most of the wait)
 
+        _check_layout(args, resolve_model(args.model)[1].num_frames)  # before weights load
         engine = Engine(args.model, **_engine_options(args))
     with engine:  # Ctrl-C closes it: unfinished outputs are removed, never left partial
         return _predict_all(engine, args, skip=bad)
@@ -473,13 +474,8 @@ def _notice(text: str, *, quiet: bool, after_s: float = 0.5) -> Iterator[None]:
             timer.cancel()
 
 
-def _predict_all(engine: Any, args: argparse.Namespace, skip: set[str]) -> int:
-    """Run every input (but those in ``skip``, already reported unreadable); 1 if any failed."""
-    from geoserve.engine.delivery import output_paths
-
-    out = Path(args.output)
-    items: list[Any] = [list(args.inputs)] if args.time_series else list(args.inputs)
-    frames = engine.in_proc.num_frames
+def _check_layout(args: argparse.Namespace, frames: int) -> None:
+    """Refuse inputs the model cannot take as given, and outputs that cannot be written."""
     if frames > 1 and not (args.time_series and len(args.inputs) == frames):
         got = f"{len(args.inputs)} file(s){'' if args.time_series else ' without --time-series'}"
         raise InputError(
@@ -487,6 +483,17 @@ def _predict_all(engine: Any, args: argparse.Namespace, skip: set[str]) -> int:
             f"{frames} files of one place with --time-series (and their dates with --dates if "
             "their tags and file names carry none)"
         )
+    out = Path(args.output)
+    if not args.time_series and len(args.inputs) > 1 and out.exists() and not out.is_dir():
+        raise ConfigError(f"-o {out}: exists and is not a directory (several inputs need one)")
+
+
+def _predict_all(engine: Any, args: argparse.Namespace, skip: set[str]) -> int:
+    """Run every input (but those in ``skip``, already reported unreadable); 1 if any failed."""
+    from geoserve.engine.delivery import output_paths
+
+    out = Path(args.output)
+    items: list[Any] = [list(args.inputs)] if args.time_series else list(args.inputs)
     dates = [args.dates] if args.time_series else args.dates or [None] * len(items)
     if len(items) == 1:
         target = out / f"{Path(args.inputs[0]).stem}_pred.tif" if out.is_dir() else out
@@ -502,7 +509,7 @@ def _predict_all(engine: Any, args: argparse.Namespace, skip: set[str]) -> int:
     progress = None
     if not args.quiet and total:
         progress = Progress(total, sys.stderr, tty=sys.stderr.isatty())
-    failed, patches = len(skip), 0
+    failed, patches = sum(1 for name in args.inputs if name in skip), 0
     quicklooks = _quicklook_paths(args, items, paths)
     while engine.has_unfinished():
         results = engine.step()

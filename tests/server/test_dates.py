@@ -136,3 +136,26 @@ def test_date_count_and_values_checked_before_any_download(url, tmp_path):
         resp = httpx.post(f"{url}/v1/images", json={**ok, "out_data_format": "geotiff"})
         assert resp.status_code == 200, resp.text
         assert _seen(resp.content) == [2021, 121, 2021, 152]
+
+
+def test_a_part_file_name_ranks_like_a_file_name_after_the_files_tags(url, tmp_path):
+    """The same two files get the same dates over HTTP as on the CLI: tags, then names."""
+    raws = [
+        write_geotiff(
+            tmp_path / f"t{t}.tif",
+            np.full((1, 16, 16), 1, np.int16),
+            tags={"ACQUISITION_DATE": f"2020-0{5 + 2 * t}-01"},
+        ).read_bytes()
+        for t in range(2)
+    ]
+    names = ("t_20200601T000000.tif", "u_20200801T000000.tif")
+    resp = httpx.post(f"{url}/v1/images", files=_parts(raws, names))
+    assert resp.status_code == 200, resp.text
+    assert _seen(resp.content) == [2020, 122, 2020, 183]  # 1 May and 1 July: the tags
+
+
+def test_a_broken_part_is_named_by_its_file_name(url, scenes):
+    parts = _parts([scenes[0], scenes[1][:9]], ("first.tif", "../secret/second.tif"))
+    resp = httpx.post(f"{url}/v1/images", files=parts, data={"dates": "2021-05-01,2021-06-01"})
+    assert resp.status_code == 400, resp.text
+    assert resp.json()["message"].startswith("upload 'second.tif': not a readable raster")

@@ -191,12 +191,15 @@ class Engine:
         self.cross_request_batching = cross_request_batching
         self.streaming = streaming
         self.cog = cog
-        self.in_proc = in_proc.replace(
-            patch_size=patch_size,
-            stride=stride,
-            blend=blend,
-            bands=tuple(bands) if bands is not None else None,
-        )
+        try:
+            self.in_proc = in_proc.replace(
+                patch_size=patch_size,
+                stride=stride,
+                blend=blend,
+                bands=tuple(bands) if bands is not None else None,
+            )
+        except ConfigError as exc:
+            raise ConfigError(f"model {self.spec.name!r}: {exc}") from exc
         self.out_proc = out_proc.for_kind(output_kind) if output_kind else out_proc
         self.device = torch.device(device)
         self.dtype = _resolve_dtype(dtype)

@@ -131,7 +131,10 @@ class GeoTiffPatcher(InputProcessor):
         for name in ("mean", "std", "band_roles"):
             value = getattr(self, name)
             if value is not None and n is not None and len(value) != n:
-                raise ConfigError(f"{name} has {len(value)} values but {n} bands are selected")
+                raise ConfigError(
+                    f"{count(n, 'band')} selected, but the model's {name} has "
+                    f"{count(len(value), 'value')} (one per band it reads)"
+                )
         if self.std is not None and any(s == 0 for s in self.std):
             raise ConfigError(f"std must not contain 0, got {self.std!r}")
         if not isinstance(self.num_frames, int) or self.num_frames < 1:

@@ -52,9 +52,14 @@ def acquisition_date(info: RasterInfo) -> dt.date:
     """
     if info.date is not None:
         return info.date
-    tags = {k.upper(): v for k, v in info.tags.items()}
+    tags = {str(k).upper(): v for k, v in info.tags.items()}
     for key in DATE_TAGS:
-        match = _TAG_DATE.search(tags.get(key, ""))
+        value = tags.get(key, "")
+        if isinstance(value, dt.datetime):  # a RasterArray's tags may hold dates themselves
+            return value.date()
+        if isinstance(value, dt.date):
+            return value
+        match = _TAG_DATE.search(str(value))
         if match:
             try:
                 return dt.date(*map(int, match.groups()))

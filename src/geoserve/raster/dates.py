@@ -108,6 +108,8 @@ def dates_per_item(
         return [None] * len(items)
     if isinstance(dates, str | dt.date):
         dates = [dates]
+    if not isinstance(dates, list | tuple):
+        raise InputError(f"{field}: {type(dates).__name__} given; give a list of dates")
     sizes = [len(i) if isinstance(i, list | tuple) else 1 for i in items]
     if any(isinstance(d, list | tuple) for d in dates):  # nested like items
         if len(dates) != len(items):

@@ -71,7 +71,26 @@ class RasterArray:
     name: str = "<array>"
 
 
-RasterLike = str | os.PathLike[str] | bytes | RasterArray
+@dataclass(frozen=True)
+class NamedBytes:
+    """Raster file bytes with the name to report them by (an upload's part file name).
+
+    The name is the client's text: it appears in messages (last path component, printable
+    characters, at most 100) and its date stamp is read like a file name's, after the file's
+    own date tags; it is never used as a path.
+    """
+
+    data: bytes
+    name: str
+
+    @property
+    def shown(self) -> str:
+        """How messages name it: ``upload 'scene.tif'``."""
+        base = re.split(r"[/\\]", self.name)[-1]
+        return f"upload {''.join(c for c in base if c.isprintable())[:100]!r}"
+
+
+RasterLike = str | os.PathLike[str] | bytes | NamedBytes | RasterArray
 
 
 @dataclass(frozen=True)
@@ -377,6 +396,10 @@ def open_raster(
     kw: dict[str, Any] = {"threads": threads, "formats": formats}
     if isinstance(obj, RasterArray):
         source: RasterSource = ArraySource(obj)
+    elif isinstance(obj, NamedBytes):
+        if data_format not in ("auto", "bytes"):
+            raise InputError(f"got bytes but data_format={data_format!r}")
+        source = DatasetSource(obj.shown, data=bytes(obj.data), **kw)
     elif isinstance(obj, bytes | bytearray | memoryview):
         if data_format not in ("auto", "bytes"):
             raise InputError(f"got bytes but data_format={data_format!r}")

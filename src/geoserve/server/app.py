@@ -37,7 +37,7 @@ from geoserve.errors import (
 )
 from geoserve.raster import tempfiles
 from geoserve.raster.dates import DateLike, request_dates
-from geoserve.raster.source import DataFormat, RasterLike
+from geoserve.raster.source import DataFormat, NamedBytes, RasterLike
 from geoserve.schemas import ImageRequestOutput, OutFormat
 from geoserve.server.api_models import (
     ImagesRequest,
@@ -49,7 +49,7 @@ from geoserve.server.api_models import (
     validation_message,
 )
 from geoserve.server.errors import error_body, status_for
-from geoserve.server.inputs import fetch_url, remote_input, resolve_input_path, upload_dates
+from geoserve.server.inputs import fetch_url, remote_input, resolve_input_path
 from geoserve.server.metrics import Metrics
 from geoserve.server.middleware import ClientDisconnected, GuardMiddleware
 from geoserve.server.settings import ServerSettings
@@ -226,9 +226,9 @@ class _Service:
         """POST /v1/images: multipart upload or JSON; GeoTIFF bytes or JSON back."""
         items: list[Any]
         if request.headers.get("content-type", "").startswith("multipart/form-data"):
-            body, items, names = await self._parse_multipart(request)
+            body, items = await self._parse_multipart(request)
             data_format = "bytes"
-            dates = body.dates if body.dates is not None else upload_dates(names)
+            dates = body.dates  # (else each part's tags, then its file name's stamp)
         else:
             body = await parse_json(ImagesRequest, await request.body())
             items = body.data if isinstance(body.data, list) else [body.data]
@@ -267,21 +267,20 @@ class _Service:
             headers=echo,
         )
 
-    async def _parse_multipart(
-        self, request: Request
-    ) -> tuple[ImagesRequest, list[bytes], list[str | None]]:
-        """The upload's options, its files, and their parts' file names (client text)."""
+    async def _parse_multipart(self, request: Request) -> tuple[ImagesRequest, list[NamedBytes]]:
+        """The upload's options and its files, named by their parts' file names.
+
+        (A part's file name is client text: it names the upload in messages, never a path.)
+        """
         form = await request.form()
-        files: list[bytes] = []
-        names: list[str | None] = []
+        files: list[NamedBytes] = []
         for i, part in enumerate(form.getlist("file")):
             if isinstance(part, str):
                 raise InputError("'file' must be a file part, not a text field")
-            content = await part.read()
-            if not content:
-                raise InputError(f"'file' part {i} ({part.filename or 'unnamed'}) is empty")
-            files.append(content)
-            names.append(part.filename)
+            upload = NamedBytes(await part.read(), part.filename or f"file part {i}")
+            if not upload.data:
+                raise InputError(f"'file' part {i} ({upload.shown}) is empty")
+            files.append(upload)
         if not files:
             raise InputError("multipart upload needs one or more 'file' parts")
         body = validate(
@@ -294,7 +293,7 @@ class _Service:
                 "dates": form_dates(form.getlist("dates")),
             },
         )
-        return body, files, names
+        return body, files
 
     async def pooling(self, request: Request) -> Response:
         """POST /pooling: vLLM's IO-processor request and response shapes."""

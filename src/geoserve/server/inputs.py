@@ -16,7 +16,6 @@ check; the host is on the operator's allow-list, so it is trusted not to.
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -30,7 +29,6 @@ from geoserve.errors import (
     PayloadTooLargeError,
     RequestTimeoutError,
 )
-from geoserve.raster.dates import name_date
 from geoserve.raster.trust import DEFAULT_INPUT_FORMATS, refuse_other_formats
 
 
@@ -58,16 +56,6 @@ def resolve_input_path(text: str, roots: Sequence[Path]) -> str:
         if resolved.is_relative_to(root.resolve()):
             return str(resolved)
     raise ForbiddenInputError(f"{text}: outside the allowed input directories")
-
-
-def upload_dates(filenames: Sequence[str | None]) -> list[dt.date | None] | None:
-    """Dates from the stamps in uploaded parts' file names (None where a name has none).
-
-    A part's file name is the client's text: it is only searched for a date, never used as a
-    path. None when no name carries a date.
-    """
-    dates = [name_date(n) if n else None for n in filenames]
-    return dates if any(d is not None for d in dates) else None
 
 
 def check_url(url: str, domains: Sequence[str]) -> None:
