@@ -172,6 +172,13 @@ class WantsSixBands(nn.Module):
         return self.conv(x)
 
 
+@MODEL_REGISTRY.register_model("test-three-for-six")
+@INPUT_REGISTRY.register_input_processor(GeoTiffPatcher(bands=(0, 1, 2), patch_size=16))
+@OUTPUT_REGISTRY.register_output_processor(RawReassembler(channels=1))
+class ThreeForSix(WantsSixBands):
+    """The same six-band first layer, behind a processor that selects three bands."""
+
+
 @MODEL_REGISTRY.register_model("test-roles")
 @INPUT_REGISTRY.register_input_processor(
     GeoTiffPatcher(

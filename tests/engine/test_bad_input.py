@@ -185,11 +185,24 @@ def test_nan_pixels_are_nodata_in_float_output(tmp_path):
 
 def test_a_model_that_rejects_its_input_at_warm_up_is_named_with_what_it_got():
     with pytest.raises(ModelExecutionError) as info:
-        Engine("test-six-bands")
+        Engine("test-three-for-six")
     message = str(info.value)
-    assert "warm-up on a dummy input: model 'test-six-bands' failed on input of shape" in message
+    assert (
+        "warm-up on a dummy input: model 'test-three-for-six' failed on input of shape" in message
+    )
     assert "(1, 3, 16, 16) (3 bands from its input processor: band_1, band_2, band_3)" in message
     assert "RuntimeError: Given groups=1" in message
+
+
+def test_a_processor_without_a_band_count_does_not_make_warm_up_refuse_the_model(
+    make_geotiff, caplog
+):
+    """Its dummy input has 3 bands, which says nothing of what the model takes."""
+    with Engine("test-six-bands") as engine:
+        assert "warm-up skipped" in caplog.text
+        out = engine.generate_image(make_geotiff(bands=6, height=16, width=16), out_format="tensor")
+    assert out.ok
+    assert out.outputs.tensor.shape == (1, 16, 16)
 
 
 def test_a_model_that_rejects_a_request_names_the_input_shape_and_bands(make_geotiff):

@@ -230,12 +230,18 @@ class Engine:
         if warmup or auto_batch:
             probe = self._warmup()
             if auto_batch:
-                self.max_batch_patches = self._auto_batch(probe)
+                self.max_batch_patches = (
+                    AUTO_CPU_BATCH if probe is None else self._auto_batch(probe)
+                )
 
     # -- set-up ------------------------------------------------------------------------------
 
-    def _warmup(self) -> Patch:
-        """Run one dummy patch to check the model's output against the output processor."""
+    def _warmup(self) -> Patch | None:
+        """Run one dummy patch to check the model's output against the output processor.
+
+        None when the model refuses the dummy but the input processor fixes no band count (the
+        dummy's 3 bands need not be what the model takes): the first request checks it.
+        """
         dummy = self.in_proc.dummy_input(seed=0)
         req = self._new_request([dummy] * self.in_proc.num_frames, "warmup", "tensor", None)
         patch = req.pop_patch()
@@ -244,6 +250,14 @@ class Engine:
         try:
             out = self._forward([patch])
         except ModelExecutionError as exc:
+            if self.in_proc.in_channels is None:
+                logger.warning(
+                    "model %r: warm-up skipped; it refused a %d-band dummy input and its input "
+                    "processor fixes no band count (set bands= on it to check at start-up)",
+                    self.spec.name,
+                    patch.data.shape[0],
+                )
+                return None
             raise ModelExecutionError(f"warm-up on a dummy input: {exc}") from exc
         want = self.out_proc.out_channels
         if want is not None and out.shape[1] != want:
