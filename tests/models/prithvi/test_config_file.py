@@ -120,3 +120,23 @@ def test_malformed_config_beside_the_checkpoint_is_named(tmp_path):
     (tmp_path / "config.yaml").write_text("- just\n- a list\n")
     with pytest.raises(WeightsError, match=r"config\.yaml: config must be a mapping"):
         load_checkpoint(ckpt)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("embed_dim: 2000000\n", "embed_dim must be an integer from 1 to 8192, not 2000000"),
+        ("depth: 3000\n", "depth must be an integer from 1 to 128, not 3000"),
+        ("embed_dim: abc\n", "embed_dim must be an integer from 1 to 8192, not 'abc'"),
+        ("num_heads: true\n", "num_heads must be an integer from 1 to 128, not True"),
+        ("model_args:\n  depth: 0\n", "depth must be an integer from 1 to 128, not 0"),
+    ],
+)
+def test_absurd_sizes_in_a_config_file_are_refused_before_anything_is_built(
+    tmp_path, ckpt, text, message
+):
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text(text)
+    with pytest.raises(WeightsError, match=message) as info:
+        load_checkpoint(ckpt, config=cfg)
+    assert str(info.value).startswith(str(cfg))

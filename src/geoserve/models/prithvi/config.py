@@ -39,6 +39,20 @@ _ARCH_KEYS = (
     "std",
     "bands",
 )
+#: Bounds of the integer architecture arguments: a config file is untrusted, and an absurd size
+#: would allocate gigabytes before any shape check (the largest published Prithvi: 1280 x 32).
+_INT_BOUNDS = {
+    "img_size": 4096,
+    "num_frames": 64,
+    "in_chans": 256,
+    "embed_dim": 8192,
+    "depth": 128,
+    "num_heads": 128,
+    "decoder_embed_dim": 8192,
+    "decoder_depth": 128,
+    "decoder_num_heads": 128,
+    "patch_size": 256,
+}
 _LAYOUTS = (
     "an HF config.json (pretrained_cfg), a v1 config.yaml (model_args), "
     "a TerraTorch config.yaml (model.init_args.model_args)"
@@ -83,6 +97,23 @@ def parse_config(cfg_path: Path, *, flat: bool = False) -> dict[str, Any]:
     Raises:
         WeightsError: the file cannot be read or parsed, or its content is not a mapping.
     """
+    return _checked(_parse(cfg_path, flat), cfg_path)
+
+
+def _checked(cfg: dict[str, Any], cfg_path: Path) -> dict[str, Any]:
+    """Refuse integer arguments that are not integers in their bounds, naming the file."""
+    for key, most in _INT_BOUNDS.items():
+        value = cfg.get(key)
+        if value is None or key == "patch_size" and isinstance(value, list | tuple):
+            continue
+        if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= most:
+            raise WeightsError(
+                f"{cfg_path}: {key} must be an integer from 1 to {most}, not {value!r:.40}"
+            )
+    return cfg
+
+
+def _parse(cfg_path: Path, flat: bool) -> dict[str, Any]:
     raw = _read_mapping(cfg_path)
     layout = next((k for k in ("pretrained_cfg", "model_args") if k in raw), None)
     if layout is None and flat and "model" not in raw:
