@@ -430,6 +430,8 @@ def _cmd_predict(args: argparse.Namespace) -> int:
         return _cmd_predict_ray(args)
     bad = _unreadable_inputs(args)
     if bad and (args.time_series or len(bad) == len(args.inputs)):
+        if len(args.inputs) > 1 and not args.time_series and not args.quiet:
+            print(f"0 of {len(args.inputs)} inputs done, {len(args.inputs)} failed")
         return 1  # nothing left to run: don't load the model
     with _notice(f"loading model {args.model}…", quiet=args.quiet):
         from geoserve.engine import Engine, resolve_model  # (torch's import: most of the wait)
@@ -694,7 +696,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         torch.set_num_threads(args.threads)
     logging.basicConfig(level=logging.WARNING, format="geoserve: %(levelname)s: %(message)s")
-    if not args.debug:
+    if args.debug:
+        logging.getLogger("geoserve.plugins").setLevel(logging.DEBUG)  # a plugin's traceback
+    else:
         warnings.formatwarning = _format_warning
     try:
         if args.command == "models":

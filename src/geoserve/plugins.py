@@ -50,8 +50,9 @@ def load_plugins(allow: list[str] | None = None) -> list[str]:
             continue
         try:
             ep.load()()
-        except Exception:
-            logger.exception("geoserve plugin %r (%s) failed to load; skipped", name, ep.value)
+        except Exception as exc:  # one line; the traceback at debug level (--debug)
+            logger.error("plugin %r (%s) failed to load, skipped: %r", name, ep.value, exc)
+            logger.debug("plugin %r traceback", name, exc_info=True)
             continue
         _loaded.add(name)
     return sorted(_loaded)

@@ -1,8 +1,8 @@
 """Dates over HTTP: a ``dates`` field (JSON or form) or dated part file names, on a real server.
 
-An uploaded file has no file name of its own on the server, so a multi-date model whose inputs
-carry no date tag cannot date them from names as the CLI does. ``test-coords`` takes two dates
-and echoes (year, day of year) of each in output bands 2-5.
+An upload is dated as a file on disk is: an explicit date, else its tags, else the stamp in
+its name (the part's file name). ``test-coords`` takes two dates and echoes (year, day of year)
+of each in output bands 2-5.
 """
 
 from __future__ import annotations
@@ -159,3 +159,9 @@ def test_a_broken_part_is_named_by_its_file_name(url, scenes):
     resp = httpx.post(f"{url}/v1/images", files=parts, data={"dates": "2021-05-01,2021-06-01"})
     assert resp.status_code == 400, resp.text
     assert resp.json()["message"].startswith("upload 'second.tif': not a readable raster")
+
+
+def test_too_many_parts_are_refused_in_the_words_of_an_upload(url, scenes):
+    resp = httpx.post(f"{url}/v1/images", files=_parts([*scenes, scenes[0]], ("a", "b", "c")))
+    assert resp.status_code == 400
+    assert resp.json()["message"] == "file: 3 parts given; model 'test-coords' takes 2 dates"

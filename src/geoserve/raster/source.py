@@ -441,6 +441,8 @@ def _open_text(
     if data_format == "url":
         raise InputError(f"{text}: not an http(s) URL")
     path = Path(text)  # a local file, named literally: GDAL's /vsi prefixes mean nothing here
+    if not text.strip():
+        raise RasterReadError(f"{text!r}: an empty file name")
     if text.startswith("/vsi") or ":" in path.parts[0]:  # GDAL's prefixes, GTIFF_DIR:
         raise RasterReadError(f"{text}: not a local file path")
     if not path.exists():

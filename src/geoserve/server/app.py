@@ -34,6 +34,7 @@ from geoserve.errors import (
     InputError,
     ShuttingDownError,
     UnknownModelError,
+    count,
 )
 from geoserve.raster import tempfiles
 from geoserve.raster.dates import DateLike, request_dates
@@ -188,8 +189,10 @@ class _Service:
             logger.info("request %s has client id %s", rid, client_id)
         frames = max(1, eng.engine.in_proc.num_frames)
         if len(items) > frames:  # before anything is downloaded or decoded
+            what = "file: {} parts" if data_format == "bytes" else "data: {} dates"
             raise InputError(
-                f"data: {len(items)} dates given; model {self.settings.model!r} takes {frames}"
+                f"{what.format(len(items))} given; model {self.settings.model!r} takes "
+                f"{count(frames, 'date')}"
             )
         when = request_dates(dates, len(items))  # checked before anything is downloaded
         out_format = _OUT_FORMATS[out_data_format]
