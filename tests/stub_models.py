@@ -18,6 +18,8 @@ from geoserve import (
 )
 
 BOX_RADIUS = 3
+#: Models made to refuse their own dummy input (error-message tests), not run on it.
+REFUSE_THEIR_DUMMY = ("test-six-bands", "test-three-for-six")
 
 
 @MODEL_REGISTRY.register_model("test-box")

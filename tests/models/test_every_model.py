@@ -5,9 +5,14 @@ import pytest
 
 from geoserve import MODEL_REGISTRY, Engine, load_plugins
 from geoserve.raster import open_raster
+from tests.stub_models import REFUSE_THEIR_DUMMY
 
 load_plugins()
-MODELS = [name for name, spec in MODEL_REGISTRY.items() if not spec.weights_required]
+MODELS = [
+    name
+    for name, spec in MODEL_REGISTRY.items()
+    if not spec.weights_required and name not in REFUSE_THEIR_DUMMY
+]
 
 
 @pytest.mark.parametrize("name", MODELS)
