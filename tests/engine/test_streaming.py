@@ -105,7 +105,10 @@ def test_cli_interrupted_mid_scene_leaves_no_file(make_geotiff, tmp_path):
         [
             sys.executable,
             "-c",
-            "import sys, tests.stub_models, geoserve.cli as c; sys.exit(c.main())",
+            # (Ctrl-C's default handler, even if this test process was started ignoring it)
+            "import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+            "signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT}); "
+            "import tests.stub_models, geoserve.cli as c; sys.exit(c.main())",
             "predict",
         ]
         + [str(src), "-o", str(out_dir / "o.tif"), "-m", "test-slow", "--batch-size", "2"],
@@ -119,6 +122,7 @@ def test_cli_interrupted_mid_scene_leaves_no_file(make_geotiff, tmp_path):
         assert proc.poll() is None
         assert time.monotonic() < deadline
         time.sleep(0.05)
+    assert proc.poll() is None, "the run ended before it could be interrupted"
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
