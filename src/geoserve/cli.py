@@ -513,6 +513,10 @@ def _predict_all(engine: Any, args: argparse.Namespace, skip: set[str]) -> int:
         progress = Progress(total, sys.stderr, tty=sys.stderr.isatty())
     failed, patches = sum(1 for name in args.inputs if name in skip), 0
     quicklooks = _quicklook_paths(args, items, paths)
+    if quicklooks:  # import matplotlib while the model runs, not after it
+        from geoserve.quicklook import preload
+
+        threading.Thread(target=preload, name="geoserve-quicklook-import", daemon=True).start()
     while engine.has_unfinished():
         results = engine.step()
         if progress is not None:

@@ -107,6 +107,21 @@ def _caption(ds: Any) -> str:
     return f"{name}, pixel {abs(ds.transform.a):.4g}{unit} x {abs(ds.transform.e):.4g}{unit}"
 
 
+def _pyplot() -> Any:
+    """Matplotlib's pyplot on the file-only Agg backend (its import takes about a second)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def preload() -> None:
+    """Import matplotlib ahead of the first quicklook (the CLI does it while the model runs)."""
+    _pyplot()
+
+
 def render_quicklook(
     input_path: str | os.PathLike[str],
     output_path: str | os.PathLike[str],
@@ -123,10 +138,7 @@ def render_quicklook(
     Raises:
         OutputWriteError: the PNG cannot be written.
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = _pyplot()
     from matplotlib.colors import ListedColormap
     from matplotlib.patches import Patch
 
