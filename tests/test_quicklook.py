@@ -68,7 +68,9 @@ def test_band_roles_follow_the_models_band_selection(tmp_path):
     with open_raster(path) as src:
         assert proc.band_roles_for(src.info) == {3: "BLUE", 2: "GREEN", 1: "RED"}
     assert proc.replace(bands=(0, 1, 2)).band_roles is None  # other bands: roles unknown
-    with pytest.raises(ConfigError, match="3 bands selected, but the model's band_roles has 2 values"):
+    with pytest.raises(
+        ConfigError, match="3 bands selected, but the model's band_roles has 2 values"
+    ):
         GeoTiffPatcher(bands=(0, 1, 2), band_roles=("BLUE", "GREEN"))
 
 
