@@ -218,7 +218,7 @@ def plain_server() -> Iterator[str]:
 @pytest.mark.parametrize(
     ("kwargs", "status", "needle"),
     [
-        ({"files": {"file": ("e.tif", b"")}}, 400, "'file' part 0 (e.tif) is empty"),
+        ({"files": {"file": ("e.tif", b"")}}, 400, "'file' part 0 (upload 'e.tif') is empty"),
         ({"json": {"data": ""}}, 422, "data"),
         ({"json": {"data": []}}, 422, "data"),
         ({"json": {"data": ["ok", ""]}}, 422, "data"),
