@@ -150,7 +150,7 @@ def _geoserve_rows(path: Path, threads: int, on_torch: bool) -> int:
 
 
 def preprocessing(quick: bool) -> list[dict[str, Any]]:
-    from geoserve.raster.source import limit_gdal_cache
+    from geoserve.raster.gdal_setup import limit_gdal_cache
 
     limit_gdal_cache()  # 64 MB, as in the reference measurement and in every engine
     path = synthetic_scene(2048 if quick else 4096)

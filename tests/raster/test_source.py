@@ -119,7 +119,7 @@ def test_gdal_block_cache_is_capped_at_64_megabytes(monkeypatch):
     every reduced read, such as a quicklook's, decoded each tile again per output row)."""
     from rasterio.env import get_gdal_config, set_gdal_config
 
-    from geoserve.raster.source import limit_gdal_cache
+    from geoserve.raster.gdal_setup import limit_gdal_cache
 
     monkeypatch.delenv("GDAL_CACHEMAX", raising=False)
     before = get_gdal_config("GDAL_CACHEMAX")

@@ -57,14 +57,8 @@ from geoserve.processors.base import InputProcessor, OutputProcessor, RasterCont
 from geoserve.processors.canvas import RowBand
 from geoserve.processors.patcher import GeoTiffPatcher
 from geoserve.raster.dates import DateLike, dates_per_item, request_dates
-from geoserve.raster.source import (
-    DataFormat,
-    RasterArray,
-    RasterLike,
-    default_read_workers,
-    limit_gdal_cache,
-    open_raster,
-)
+from geoserve.raster.gdal_setup import default_read_workers, limit_gdal_cache
+from geoserve.raster.source import DataFormat, RasterArray, RasterLike, open_raster
 from geoserve.raster.trust import DEFAULT_INPUT_FORMATS, check_formats
 from geoserve.raster.write import OutputRaster
 from geoserve.registry import ModelSpec
