@@ -20,12 +20,13 @@ from rasterio.crs import CRS
 
 import tests.stub_models  # noqa: F401  (registers the test-only models)
 
+#: Only the Sen1Floods11 files (not redistributable) come from outside the repository.
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
-LAKE = SHARED_DATA / "S2_L1C_T33UUU_20170216T102101_13band_10m.tif"
+LAKE = Path(__file__).resolve().parents[1] / "data" / "S2_L1C_T33UUU_20170216T102101_13band_10m.tif"
 FLOOD = SHARED_DATA / "Spain_7370579_S2Hand.tif"
 FLOOD_LABEL = SHARED_DATA / "Spain_7370579_LabelHand.tif"
-HLS = SHARED_DATA / "terratorch_hls_10band_224.tif"
-RGB = SHARED_DATA / "RGB.byte.tif"
+HLS = Path(__file__).with_name("data") / "terratorch_hls_10band_224.tif"
+RGB = Path(__file__).with_name("data") / "RGB.byte.tif"
 
 UTM_TRANSFORM = Affine(10.0, 0.0, 399960.5, 0.0, -10.0, 5800020.25)  # non-integer origin
 
@@ -98,7 +99,7 @@ def read(path: Path | str) -> tuple[np.ndarray, dict[str, Any]]:
 
 
 def needs_shared(path: Path) -> Any:
-    """Mark for tests that need a file from ../shared/data."""
+    """Mark for tests that need a file from outside the repository (Sen1Floods11)."""
     return pytest.mark.skipif(not path.exists(), reason=f"{path} not present")
 
 

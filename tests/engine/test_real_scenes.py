@@ -1,4 +1,4 @@
-"""The real Sentinel-2, HLS and Landsat files in ../shared/data, end to end."""
+"""The real Sentinel-2, HLS and Landsat files (data/, tests/data/), end to end."""
 
 import numpy as np
 import pytest
