@@ -2,8 +2,9 @@
 
 Public API::
 
-    from geoserve import Engine
+    from geoserve import Engine, EngineConfig
     out = Engine("ndwi-water").generate_image("scene.tif", output_path="water.tif")
+    engine = Engine("demo-water", EngineConfig(max_batch_patches=32, cog=True))
 
 The names below are imported when first used, so ``import geoserve`` (and the command line's
 ``--help``, ``info`` and argument errors) do not pay for importing torch.
@@ -15,6 +16,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # (the redundant aliases mark them as re-exported)
+    from geoserve.config import EngineConfig as EngineConfig
     from geoserve.engine import Engine as Engine
     from geoserve.errors import GeoServeError as GeoServeError
     from geoserve.plugins import load_plugins as load_plugins
@@ -36,6 +38,7 @@ __version__ = "0.1.0"
 #: public name -> the module that defines it
 _HOMES = {
     "Engine": "geoserve.engine",
+    "EngineConfig": "geoserve.config",
     "GeoServeError": "geoserve.errors",
     "load_plugins": "geoserve.plugins",
     "GeoTiffPatcher": "geoserve.processors",

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from geoserve.config import EngineConfig
 from geoserve.engine.delivery import output_paths
 from geoserve.errors import ConfigError, GeoServeError, PluginLoadError
 
@@ -88,13 +89,13 @@ class SceneRunner:
     """The Ray Data actor: one engine, scenes in, results out (paths only)."""
 
     def __init__(
-        self, model: str, engine_kwargs: dict[str, Any], retries: int, imports: Sequence[str]
+        self, model: str, config: EngineConfig, retries: int, imports: Sequence[str]
     ) -> None:
         from geoserve.engine import Engine
 
         for module in imports:
             importlib.import_module(module)
-        self.engine = Engine(model, **engine_kwargs)
+        self.engine = Engine(model, config)
         self.retries = retries
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, list[Any]]:
@@ -152,7 +153,8 @@ def run_batch(
     retries: int = 1,
     imports: Sequence[str] = (),
     on_result: Callable[[SceneResult], None] | None = None,
-    **engine_kwargs: Any,
+    config: EngineConfig | None = None,
+    **overrides: Any,
 ) -> BatchSummary:
     """Run scenes (paths or glob patterns) on Ray; outputs go to ``output_dir``.
 
@@ -160,8 +162,10 @@ def run_batch(
     ``None``. ``actors`` engines run at once, each with ``cpus_per_actor`` CPUs and
     ``gpus_per_actor`` GPUs; each call hands an actor ``scenes_per_call`` scenes. ``imports``
     are modules each actor imports first (models registered in code rather than through an
-    installed plugin). Extra keyword arguments go to :class:`~geoserve.Engine` (weights,
-    patch_size, device, ...). The model is checked here first, so a wrong name fails at once.
+    installed plugin). Each actor's engine runs with ``config`` (an
+    :class:`~geoserve.config.EngineConfig`), with ``overrides`` (its field names: weights,
+    patch_size, device, ...) applied. The model and the configuration are checked here first,
+    so a wrong name or value fails at once.
 
     Raises:
         PluginLoadError: Ray is not installed (``pip install 'geoserve[ray]'``).
@@ -176,6 +180,7 @@ def run_batch(
     for module in imports:
         importlib.import_module(module)
     resolve_model(model)
+    config = EngineConfig.build(config, **overrides)
     t0 = time.perf_counter()
     paths = expand_inputs(inputs)
     outputs = [str(p) for p in output_paths(paths, output_dir)]
@@ -202,7 +207,7 @@ def run_batch(
             SceneRunner,
             fn_constructor_kwargs={
                 "model": model,
-                "engine_kwargs": engine_kwargs,
+                "config": config,
                 "retries": retries,
                 "imports": list(imports),
             },

@@ -33,9 +33,9 @@ import torch
 from einops import rearrange
 from numpy.typing import NDArray
 
+from geoserve.config import EngineConfig
 from geoserve.engine.delivery import ArraySink, OutputSink, make_sink, output_paths
 from geoserve.engine.limits import (
-    DEFAULT_MAX_PATCHES,
     MB,
     check_request,
     default_max_memory,
@@ -59,7 +59,6 @@ from geoserve.processors.patcher import GeoTiffPatcher
 from geoserve.raster.dates import DateLike, dates_per_item, request_dates
 from geoserve.raster.gdal_setup import default_read_workers, limit_gdal_cache
 from geoserve.raster.source import DataFormat, RasterArray, RasterLike, open_raster
-from geoserve.raster.trust import DEFAULT_INPUT_FORMATS, check_formats
 from geoserve.raster.write import OutputRaster
 from geoserve.registry import ModelSpec
 from geoserve.schemas import (
@@ -94,106 +93,59 @@ class Engine:
 
     Args:
         model: A registered model name or a :class:`~geoserve.registry.ModelSpec`.
-        weights: Local weights file loaded into the model (strict).
-        device: Torch device for the forward passes.
-        dtype: Autocast dtype (``torch.bfloat16``, ``"float16"`` ...); ``None`` runs float32.
-        patch_size, stride, blend, bands: Override the input processor's configuration.
-        output_kind: ``classes``, ``probabilities`` or ``raw``; default: the model's own.
-        max_batch_patches: Most patches per forward pass, drawn from all pending requests;
-            ``"auto"`` measures the model's memory per patch at start-up and fills 80 % of the
-            free device memory on CUDA (at most 256), and takes 8 on CPU. A batch that runs
-            out of device memory is split in two and retried, and the limit halved.
-        compile: ``torch.compile`` the model (``True``, or a backend name such as ``"eager"``);
-            batches are then padded to ``max_batch_patches`` so one graph serves them all.
-        output_dir: Where ``out_format="path"`` outputs go when no path is given.
-        warmup: Run one dummy patch at start-up to check the model against its processors.
-        prefetch: Read each request's next rows of patches on a reader pool while the model
-            runs (off: read them when the model needs them).
-        read_workers: Reader threads shared by all requests (requests read in parallel);
-            also the threads GDAL may use to decode one input's tiles. Default: the core
-            count, at most 4.
-        prefetch_rows: Grid rows each request keeps read ahead of the model (default 2).
-        preprocess: Where the cast, normalisation and cutting into patches run, and where
-            output patches are stitched: ``host`` (numpy; cutting in the reader pool) or
-            ``device`` (torch on the model's device: raw uint16 rows go in, only finished
-            output rows come back). Default ``auto``: ``device`` on CUDA, else ``host``.
-        cross_request_batching: Fill batches from several requests (on by default); off, a
-            batch holds one request's patches only (the baseline the server benchmark uses).
-        streaming: Hand each band of finished output rows to the writer as soon as it is final
-            (on by default). Off, a request's whole output is held until its last patch, as the
-            peer tools do; the numbers are identical, only memory differs.
-        cog: Write ``path`` and encoded outputs as Cloud-Optimized GeoTIFFs.
-        allowed_formats: GDAL formats inputs may be in (default ``GTiff``, which covers COGs);
-            any other content is refused without being parsed (see
-            :mod:`geoserve.raster.trust`).
-        max_patches: Most patches one request may have (``None``: no limit).
-        max_request_mb: Most memory one request's estimate may take (default: 75 % of the
-            machine's physical memory); see :mod:`geoserve.engine.limits`.
+        config: How it runs: a :class:`~geoserve.config.EngineConfig` (every option, its
+            default and meaning are declared there); default: all defaults.
+        **overrides: Fields of ``config`` to change, e.g. ``Engine("demo-water",
+            max_batch_patches=32, device="cuda")``; validated like the config itself.
+            ``max_batch_patches="auto"`` measures the model's memory per patch at start-up
+            and fills 80 % of the free device memory on CUDA (at most 256), and takes 8 on
+            CPU; a batch that runs out of device memory is split in two and retried, and the
+            limit halved. With ``compile`` batches are padded to ``max_batch_patches`` so one
+            graph serves them all.
 
     Raises:
         UnknownModelError, ProcessorMismatchError, ConfigError, WeightsError: at start-up.
     """
 
     def __init__(
-        self,
-        model: str | ModelSpec,
-        *,
-        weights: str | Path | None = None,
-        device: str | torch.device = "cpu",
-        dtype: torch.dtype | str | None = None,
-        patch_size: int | None = None,
-        stride: int | None = None,
-        blend: str | None = None,
-        bands: Sequence[int | str] | None = None,
-        output_kind: str | None = None,
-        max_batch_patches: int | str = 16,
-        compile: bool | str = False,
-        output_dir: str | Path | None = None,
-        warmup: bool = True,
-        prefetch: bool = True,
-        cross_request_batching: bool = True,
-        read_workers: int | None = None,
-        prefetch_rows: int = 2,
-        preprocess: str = "auto",
-        streaming: bool = True,
-        cog: bool = False,
-        allowed_formats: Sequence[str] = DEFAULT_INPUT_FORMATS,
-        max_patches: int | None = DEFAULT_MAX_PATCHES,
-        max_request_mb: float | None = None,
+        self, model: str | ModelSpec, config: EngineConfig | None = None, **overrides: Any
     ) -> None:
-        self.allowed_formats = check_formats(allowed_formats)
-        self.max_patches = max_patches
+        self.config = cfg = EngineConfig.build(config, **overrides)
+        max_batch_patches, read_workers, prefetch_rows = (
+            cfg.max_batch_patches,
+            cfg.read_workers,
+            cfg.prefetch_rows,
+        )
+        if cfg.threads is not None:
+            torch.set_num_threads(cfg.threads)
+        self.allowed_formats = tuple(cfg.allowed_formats)
+        self.max_patches = cfg.max_patches
         self.max_request_bytes = (
-            default_max_memory() if max_request_mb is None else int(max_request_mb * MB)
+            default_max_memory() if cfg.max_request_mb is None else int(cfg.max_request_mb * MB)
         )
         self.spec, in_proc, out_proc = resolve_model(model)
         auto_batch = max_batch_patches == "auto"
-        if not auto_batch and (not isinstance(max_batch_patches, int) or max_batch_patches < 1):
-            raise ConfigError(
-                f"invalid max_batch_patches: {max_batch_patches!r}; "
-                "must be a positive integer or 'auto'"
-            )
-        for name, value, least in (
-            ("read_workers", read_workers, 1),
-            ("prefetch_rows", prefetch_rows, 0),
-        ):
-            if value is not None and (not isinstance(value, int) or value < least):
-                raise ConfigError(f"invalid {name}: {value!r}; must be an integer >= {least}")
-        if preprocess not in ("auto", "host", "device"):
-            raise ConfigError(f"invalid preprocess {preprocess!r}; choose auto, host or device")
         self.max_batch_patches = 1 if auto_batch else cast(int, max_batch_patches)
-        self.cross_request_batching = cross_request_batching
-        self.streaming = streaming
-        self.cog = cog
+        self.cross_request_batching = cfg.cross_request_batching
+        self.streaming = cfg.streaming
+        self.cog = cfg.cog
         try:
             self.in_proc = in_proc.replace(
-                patch_size=patch_size,
-                stride=stride,
-                blend=blend,
-                bands=tuple(bands) if bands is not None else None,
+                patch_size=cfg.patch_size,
+                stride=cfg.stride,
+                blend=cfg.blend,
+                bands=tuple(cfg.bands) if cfg.bands is not None else None,
             )
         except ConfigError as exc:
             raise ConfigError(f"model {self.spec.name!r}: {exc}") from exc
+        output_kind, weights, preprocess = cfg.output_kind, cfg.weights, cfg.preprocess
+        compile: bool | str = cfg.compile_backend if cfg.compile else False
+        warmup, prefetch = cfg.warmup, cfg.prefetch
+        try:
+            device = torch.device(cfg.device)
+        except (RuntimeError, ValueError) as exc:
+            raise ConfigError(f"device: {exc} (got {cfg.device!r})") from None
+        dtype, output_dir = cfg.dtype, cfg.output_dir
         self.out_proc = out_proc.for_kind(output_kind) if output_kind else out_proc
         self.device = torch.device(device)
         self.dtype = _resolve_dtype(dtype)

@@ -13,11 +13,10 @@ import shutil
 import warnings
 from pathlib import Path
 
+from geoserve.config import DEFAULT_MAX_PATCHES as DEFAULT_MAX_PATCHES
 from geoserve.engine.request import Request
 from geoserve.errors import GeoServeWarning, PayloadTooLargeError
 
-#: Most patches one request may have (about 100,000 x 100,000 pixels at stride 224).
-DEFAULT_MAX_PATCHES = 200_000
 #: Share of the machine's physical memory one request's estimate may take by default.
 MEMORY_SHARE = 0.75
 MB = 1024 * 1024

@@ -72,7 +72,7 @@ class _Service:
 
     def __init__(self, settings: ServerSettings, engine: Engine | None) -> None:
         self.settings = settings
-        batch = settings.max_batch_patches
+        batch = settings.engine.max_batch_patches
         self.metrics = Metrics(batch if isinstance(batch, int) else AUTO_MAX_BATCH)
         self.state: dict[str, Any] = {"engine": None, "draining": False, "load_error": None}
         self._given_engine = engine
@@ -85,20 +85,7 @@ class _Service:
         if s.output_dir is not None:  # what a killed earlier server left half-written
             tempfiles.sweep(s.output_dir)
         try:
-            eng = self._given_engine or Engine(
-                s.model,
-                weights=s.weights,
-                device=s.device,
-                dtype=s.dtype,
-                max_batch_patches=s.max_batch_patches,
-                compile=s.compile,
-                read_workers=s.read_workers,
-                prefetch_rows=s.prefetch_rows,
-                preprocess=s.preprocess,
-                cog=s.cog,
-                allowed_formats=s.allowed_formats,
-            )
-            eng.cross_request_batching = s.cross_request_batching
+            eng = self._given_engine or Engine(s.model, s.engine)
             async_engine = AsyncEngine(
                 eng,
                 max_queued_patches=s.max_queued_patches,
@@ -144,7 +131,7 @@ class _Service:
             for u in items:
                 left = deadline - time.monotonic()
                 if s.url_reads == "range":
-                    fmts = s.allowed_formats
+                    fmts = s.engine.allowed_formats
                     data.append(await remote_input(u, s.allowed_url_domains, limit, left, fmts))
                 else:
                     data.append(await fetch_url(u, s.allowed_url_domains, limit, left))

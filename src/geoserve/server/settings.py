@@ -1,50 +1,32 @@
-"""Server settings: every knob of ``geoserve serve``, validated, with its default and reason."""
+"""Server settings: the server's own knobs, and the engine's :class:`EngineConfig` beside them.
+
+:class:`ServerFields` declares what only the server has (address, limits, guards); the command
+line generates ``serve``'s flags from it as it does the engine's from
+:class:`~geoserve.config.EngineConfig`. :class:`ServerSettings` is both, plus the model name.
+"""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from geoserve.raster.trust import check_formats
+from geoserve.config import EngineConfig
 
 
-class ServerSettings(BaseModel):
-    """Settings of the HTTP server (CLI flags map one to one; see docs/serving.md)."""
+class ServerFields(BaseModel):
+    """What only the HTTP server has (one flag each; see docs/serving.md)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
-    model: str
-    """Registered model name to serve."""
-    weights: Path | None = None
-    """Local weights file for the model."""
     host: str = "127.0.0.1"
     """Interface to bind; loopback by default so nothing is exposed by accident."""
     port: int = Field(8000, ge=0, le=65535)
     """TCP port (0 picks a free one)."""
-    device: str = "cpu"
-    """Torch device for the model."""
-    dtype: str | None = None
-    """Autocast dtype (bf16, fp16)."""
-    max_batch_patches: Annotated[int, Field(ge=1)] | Literal["auto"] = 16
-    """Most patches per forward pass, drawn from all pending requests ('auto': sized from
-    free device memory on a GPU)."""
-    compile: bool = False
-    """torch.compile the model (slower start-up, faster forward passes on a GPU)."""
-    read_workers: int | None = Field(None, ge=1)
-    """Reader threads shared by all requests (default: cores, at most 4)."""
-    prefetch_rows: int = Field(2, ge=0)
-    """Grid rows each request keeps read ahead of the model."""
-    preprocess: Literal["auto", "host", "device"] = "auto"
-    """Where patches are cast, normalised and cut: 'device' on CUDA by default."""
-    cog: bool = False
-    """Write outputs as Cloud-Optimized GeoTIFFs."""
     max_wait_ms: float = Field(0.0, ge=0)
     """How long a batch may wait to fill, from the oldest pending request (0: never wait)."""
-    cross_request_batching: bool = True
-    """Fill batches from several requests; off only to measure what batching buys."""
     max_queued_patches: int = Field(4096, ge=1)
     """Admission bound in patches; beyond it requests get 503 with Retry-After."""
     request_timeout_s: float = Field(120.0, gt=0)
@@ -64,10 +46,6 @@ class ServerSettings(BaseModel):
     url_reads: Literal["range", "download"] = "range"
     """'range': read URL inputs in place by HTTP range requests (GDAL /vsicurl/) when the host
     supports them; 'download': always fetch the whole file first."""
-    allowed_formats: list[str] = Field(default_factory=lambda: ["GTiff"])
-    """GDAL formats inputs may be in (GTiff covers COG); any other content gets 400 unread."""
-    output_dir: Path | None = None
-    """Where ``path`` outputs are written; unset: path outputs are refused."""
     api_key: str | None = Field(default_factory=lambda: os.environ.get("GEOSERVE_API_KEY"))
     """Key every route but /health/* requires (Bearer or X-API-Key); env GEOSERVE_API_KEY."""
     shutdown_timeout_s: float = Field(30.0, ge=0)
@@ -75,7 +53,36 @@ class ServerSettings(BaseModel):
     retry_after_s: int = Field(1, ge=0)
     """Retry-After value sent with 503 responses."""
 
-    @field_validator("allowed_formats")
+
+class ServerSettings(ServerFields):
+    """Everything ``geoserve serve`` runs with: the model, the engine's options, the server's.
+
+    Engine options may also be given at the top level (``ServerSettings(model="m",
+    max_batch_patches=32)``); they are moved into :attr:`engine`.
+    """
+
+    model: str
+    """Registered model name to serve."""
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+    """How the engine runs the model; its ``output_dir`` is where ``path`` outputs are
+    written (unset: path outputs are refused)."""
+
+    @model_validator(mode="before")
     @classmethod
-    def _known_formats(cls, value: list[str]) -> list[str]:
-        return list(check_formats(value))
+    def _engine_options_at_top_level(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        top = {k: v for k, v in data.items() if k in EngineConfig.model_fields}
+        if not top:
+            return data
+        rest = {k: v for k, v in data.items() if k not in top}
+        engine = rest.get("engine", {})
+        if isinstance(engine, EngineConfig):
+            engine = engine.model_dump(exclude_unset=True)
+        rest["engine"] = {**engine, **top}
+        return rest
+
+    @property
+    def output_dir(self) -> Path | None:
+        """Where ``path`` outputs are written (``engine.output_dir``); None: refused."""
+        return self.engine.output_dir

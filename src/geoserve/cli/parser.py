@@ -1,0 +1,164 @@
+"""The argument parser of ``geoserve``: its subcommands and their flags.
+
+Engine flags are not written here: :func:`geoserve.cli.options.add_model_flags` generates them
+from :class:`~geoserve.config.EngineConfig` (and ``serve``'s from
+:class:`~geoserve.server.settings.ServerFields`), so a new option reaches the command line,
+``--config`` files, the server and Ray by being declared once.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from geoserve.cli.options import add_model_flags
+from geoserve.config import EngineConfig
+
+DEFAULT_MODEL = "demo-water"
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be >= 1")
+    return value
+
+
+def _model_options() -> argparse.ArgumentParser:
+    """Options shared by ``predict`` and ``serve``: the model, ``--config``, every engine knob."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "-m",
+        "--model",
+        default=argparse.SUPPRESS,
+        help=f"registered model name (default: {DEFAULT_MODEL}; see `geoserve models`)",
+    )
+    common.add_argument(
+        "--config",
+        metavar="FILE",
+        help="YAML or JSON file of options (keys: the long flags' names with underscores, "
+        "e.g. max_batch_patches: 32; see docs/configuration.md); flags override it",
+    )
+    engine = common.add_argument_group(
+        "engine options (geoserve.EngineConfig; each also a key of --config FILE; "
+        "see docs/performance.md for the speed ones)"
+    )
+    add_model_flags(engine, EngineConfig)
+    return common
+
+
+def _debug(parser: argparse.ArgumentParser) -> None:
+    """``--debug`` is accepted after the subcommand too (hidden there)."""
+    parser.add_argument(
+        "--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser (exposed for docs and tests)."""
+    parser = argparse.ArgumentParser(
+        prog="geoserve", description="Serve image-to-image geospatial models on GeoTIFFs."
+    )
+    parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    sub = parser.add_subparsers(dest="command", required=True)
+    common = _model_options()
+
+    p = sub.add_parser("predict", parents=[common], help="run a model on GeoTIFFs, write GeoTIFFs")
+    p.add_argument("inputs", nargs="+", metavar="IN", help="input GeoTIFF(s)")
+    p.add_argument(
+        "-o",
+        "--output",
+        metavar="OUT",
+        help="output file (one input) or directory (several inputs); default: --output-dir",
+    )
+    p.add_argument(
+        "--time-series",
+        action="store_true",
+        help="treat all inputs as the dates of one place (one output)",
+    )
+    p.add_argument(
+        "--dates",
+        metavar="D,D",
+        help="acquisition dates of the inputs, one per input in order, as comma-separated ISO "
+        "dates (2020-06-01,2020-07-01); they win over date tags and file-name stamps",
+    )
+    ray = p.add_argument_group("Ray (needs geoserve[ray]; see docs/scaling.md)")
+    ray.add_argument(
+        "--ray",
+        nargs="?",
+        const="local",
+        metavar="ADDRESS",
+        help="run the scenes on a Ray cluster (ADDRESS, or 'auto'; a local one when omitted); "
+        "-o is a directory",
+    )
+    ray.add_argument(
+        "--ray-actors",
+        type=_positive,
+        default=2,
+        metavar="N",
+        help="engines running at once on Ray (default 2)",
+    )
+    ray.add_argument(
+        "--cpus-per-actor",
+        type=float,
+        default=1.0,
+        metavar="N",
+        help="CPUs reserved per Ray actor (default 1)",
+    )
+    ray.add_argument(
+        "--gpus-per-actor",
+        type=float,
+        default=0.0,
+        metavar="N",
+        help="GPUs per Ray actor (default 0; 1 = one engine per GPU)",
+    )
+    p.add_argument(
+        "--quicklook",
+        metavar="PNG",
+        help="also draw input and prediction side by side (a directory for several inputs)",
+    )
+    p.add_argument("-q", "--quiet", action="store_true", help="print errors only")
+    _debug(p)
+
+    s = sub.add_parser(
+        "serve", parents=[common], help="serve a model over HTTP (needs geoserve[server])"
+    )
+    server = s.add_argument_group("server options (also keys of --config FILE; docs/serving.md)")
+    from geoserve.server.settings import ServerFields  # no web framework: just the fields
+
+    add_model_flags(server, ServerFields)
+    ray = s.add_argument_group("Ray Serve (needs geoserve[ray]; see docs/scaling.md)")
+    ray.add_argument(
+        "--ray",
+        nargs="?",
+        const="local",
+        metavar="ADDRESS",
+        help="serve replicas on Ray Serve (ADDRESS or 'auto'; a local cluster when omitted)",
+    )
+    ray.add_argument(
+        "--replicas",
+        type=_positive,
+        default=2,
+        metavar="N",
+        help="Ray Serve replicas, each with its own engine (default 2)",
+    )
+    ray.add_argument(
+        "--gpus-per-replica",
+        type=float,
+        default=0.0,
+        metavar="N",
+        help="GPUs per replica (default 0)",
+    )
+    _debug(s)
+
+    i = sub.add_parser("info", help="describe a raster; with --model, whether it fits")
+    i.add_argument("input", metavar="IN", help="a GeoTIFF")
+    i.add_argument("-m", "--model", help="check the file against this model's needs")
+    _debug(i)
+
+    m = sub.add_parser("models", help="list registered models")
+    m.add_argument("--json", action="store_true", help="every detail, as JSON (for scripts)")
+    _debug(m)
+    return parser

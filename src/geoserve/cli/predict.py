@@ -1,0 +1,236 @@
+"""``geoserve predict``: run a model on GeoTIFFs here (or on a Ray cluster), write GeoTIFFs."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import signal
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from geoserve.cli.options import engine_config, read_options
+from geoserve.cli.parser import DEFAULT_MODEL
+from geoserve.config import EngineConfig
+from geoserve.errors import ConfigError, GeoServeError, InputError
+from geoserve.progress import Progress
+from geoserve.schemas import ImageRequestOutput
+
+
+def _predict_on_ray(args: argparse.Namespace, config: EngineConfig) -> int:
+    from geoserve.distributed import SceneResult, run_batch
+
+    def show(result: SceneResult) -> None:
+        if not result.ok:
+            print(
+                f"geoserve: error: {result.path}: {result.error} "
+                f"(after {result.attempts} attempt(s))",
+                file=sys.stderr,
+            )
+        elif not args.quiet:
+            print(f"wrote {result.output} ({result.patches} patches, {result.seconds:.2f} s)")
+
+    inputs, address = list(args.inputs), None if args.ray == "local" else args.ray
+    if address is not None and Path(address).exists():  # `--ray IN ...`: no address given
+        inputs, address = [address, *inputs], None
+    summary = run_batch(
+        inputs,
+        args.output,
+        model=args.model,
+        address=address,
+        actors=args.ray_actors,
+        cpus_per_actor=args.cpus_per_actor,
+        gpus_per_actor=args.gpus_per_actor,
+        on_result=show,
+        config=config,
+    )
+    if not args.quiet:
+        for result in summary.results:
+            if result.skipped:
+                print(f"skipped {result.path}: {result.output} exists")
+        print(summary.line())
+    return 1 if summary.failed else 0
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt  # SIGTERM stops a run as Ctrl-C does: no partial output is left
+
+
+def cmd_predict(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """``geoserve predict``: every input through the model; 1 if any failed."""
+    signal.signal(signal.SIGTERM, _interrupt)
+    known: dict[str, type[EngineConfig] | None] = {"model": None}
+    known.update(dict.fromkeys(EngineConfig.model_fields, EngineConfig))
+    from_file = read_options(args.config, known)
+    config = engine_config(args, from_file)
+    args.model = getattr(args, "model", None) or from_file.get("model") or DEFAULT_MODEL
+    if args.output is None:
+        if config.output_dir is None:
+            parser.error("predict: give -o OUT (or --output-dir DIR, or output_dir in --config)")
+        config.output_dir.mkdir(parents=True, exist_ok=True)
+        args.output = str(config.output_dir)
+    if args.dates is not None:
+        from geoserve.raster.dates import request_dates
+
+        if args.ray:
+            raise ConfigError("--dates cannot be combined with --ray")
+        args.dates = request_dates(args.dates.split(","), len(args.inputs), "--dates")
+    if args.ray:
+        return _predict_on_ray(args, config)
+    bad = _unreadable_inputs(args, config.allowed_formats)
+    if bad and (args.time_series or len(bad) == len(args.inputs)):
+        if len(args.inputs) > 1 and not args.time_series and not args.quiet:
+            print(f"0 of {len(args.inputs)} inputs done, {len(args.inputs)} failed")
+        return 1  # nothing left to run: don't load the model
+    with _notice(f"loading model {args.model}…", quiet=args.quiet):
+        from geoserve.engine import Engine, resolve_model  # (torch's import: most of the wait)
+
+        _check_layout(args, resolve_model(args.model)[1].num_frames)  # before weights load
+        engine = Engine(args.model, config)
+    with engine:  # Ctrl-C closes it: unfinished outputs are removed, never left partial
+        return _predict_all(engine, args, skip=bad)
+
+
+def _unreadable_inputs(args: argparse.Namespace, formats: Sequence[str]) -> set[str]:
+    """The local inputs that cannot be read, reported before the model loads.
+
+    Each is opened once (milliseconds; loading a model takes seconds); the others still run.
+    """
+    from geoserve.raster.source import open_raster
+
+    bad = set()
+    for name in args.inputs:
+        if "://" in name:
+            continue  # a URL is read, and reported, by its own request
+        try:
+            open_raster(name, "path", formats=formats).close()
+        except GeoServeError as exc:
+            print(f"geoserve: error: {exc}", file=sys.stderr)
+            bad.add(name)
+    return bad
+
+
+@contextlib.contextmanager
+def _notice(text: str, *, quiet: bool, after_s: float = 0.5) -> Iterator[None]:
+    """Print ``text`` on a terminal if what it announces takes longer than ``after_s``."""
+    timer = None
+    if not quiet and sys.stderr.isatty():
+        timer = threading.Timer(after_s, lambda: print(text, file=sys.stderr, flush=True))
+        timer.daemon = True
+        timer.start()
+    try:
+        yield
+    finally:
+        if timer is not None:
+            timer.cancel()
+
+
+def _check_layout(args: argparse.Namespace, frames: int) -> None:
+    """Refuse inputs the model cannot take as given, and outputs that cannot be written."""
+    if frames > 1 and not (args.time_series and len(args.inputs) == frames):
+        got = f"{len(args.inputs)} file(s){'' if args.time_series else ' without --time-series'}"
+        raise InputError(
+            f"model {args.model!r} takes {frames} dates per request, got {got}: give the "
+            f"{frames} files of one place with --time-series (and their dates with --dates if "
+            "their tags and file names carry none)"
+        )
+    out = Path(args.output)
+    if not args.time_series and len(args.inputs) > 1 and out.exists() and not out.is_dir():
+        raise ConfigError(f"-o {out}: exists and is not a directory (several inputs need one)")
+
+
+def _predict_all(engine: Any, args: argparse.Namespace, skip: set[str]) -> int:
+    """Run every input (but those in ``skip``, already reported unreadable); 1 if any failed."""
+    from geoserve.engine.delivery import output_paths
+
+    out = Path(args.output)
+    items: list[Any] = [list(args.inputs)] if args.time_series else list(args.inputs)
+    dates = [args.dates] if args.time_series else args.dates or [None] * len(items)
+    if len(items) == 1:
+        target = out / f"{Path(args.inputs[0]).stem}_pred.tif" if out.is_dir() else out
+        paths: list[Path | None] = [target]
+    else:
+        out.mkdir(parents=True, exist_ok=True)
+        paths = list(output_paths(items, out))
+    t0 = time.perf_counter()
+    for item, path, when in zip(items, paths, dates, strict=False):
+        if isinstance(item, list) or item not in skip:
+            engine.add_request(item, output_path=path, request_id=str(path), dates=when)
+    total = engine.queued_patches
+    progress = None
+    if not args.quiet and total:
+        progress = Progress(total, sys.stderr, tty=sys.stderr.isatty())
+    failed, patches = sum(1 for name in args.inputs if name in skip), 0
+    quicklooks = _quicklook_paths(args, items, paths)
+    if quicklooks:  # import matplotlib while the model runs, not after it
+        from geoserve.quicklook import preload
+
+        threading.Thread(target=preload, name="geoserve-quicklook-import", daemon=True).start()
+    while engine.has_unfinished():
+        results = engine.step()
+        if progress is not None:
+            progress.update(total - engine.queued_patches, final=not engine.has_unfinished())
+        for result in results:
+            patches += result.num_patches
+            failed += _report(result, args, quicklooks, engine.in_proc)
+    if not args.quiet and len(items) > 1:
+        dt = time.perf_counter() - t0
+        print(
+            f"{len(items) - failed} of {len(items)} inputs done, {failed} failed, "
+            f"{patches} patches in {dt:.1f} s ({patches / max(dt, 1e-9):.1f} patches/s)"
+        )
+    return 1 if failed else 0
+
+
+def _quicklook_paths(
+    args: argparse.Namespace, items: list[Any], paths: list[Path | None]
+) -> dict[str, tuple[Any, Path]]:
+    """Request id -> (input, PNG path) when --quicklook was given."""
+    if not args.quicklook:
+        return {}
+    target = Path(args.quicklook)
+    if len(items) == 1:
+        return {str(paths[0]): (items[0], target)}
+    target.mkdir(parents=True, exist_ok=True)
+    return {
+        str(path): (item, target / f"{Path(str(path)).stem}.png")
+        for item, path in zip(items, paths, strict=True)
+    }
+
+
+def _report(
+    result: ImageRequestOutput | Any,
+    args: argparse.Namespace,
+    quicklooks: dict[str, Any],
+    in_proc: Any = None,
+) -> int:
+    """Print one finished request, then draw its quicklook; 1 if it failed."""
+    if result.error is not None:
+        if args.debug:
+            traceback.print_exception(result.error)
+        print(f"geoserve: error: {result.error}", file=sys.stderr)
+        return 1
+    o = result.outputs
+    assert o is not None
+    if not args.quiet:
+        print(
+            f"wrote {o.path} ({o.width}x{o.height}, {o.count} band(s) {o.dtype}, "
+            f"{result.num_patches} patches, {result.timings.total:.2f} s)",
+            flush=True,
+        )
+    if result.request_id in quicklooks:
+        from geoserve.quicklook import model_band_roles, render_quicklook
+
+        item, png = quicklooks[result.request_id]
+        first = item[0] if isinstance(item, list) else item
+        assert o.path is not None
+        if not args.quiet:
+            print("drawing quicklook…", file=sys.stderr, flush=True)
+        render_quicklook(first, o.path, png, roles=model_band_roles(in_proc, first))
+        if not args.quiet:
+            print(f"wrote {png} (quicklook)")
+    return 0

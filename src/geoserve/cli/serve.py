@@ -1,0 +1,73 @@
+"""``geoserve serve``: the HTTP server, on this machine or as Ray Serve replicas."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from typing import TYPE_CHECKING
+
+from pydantic import ValidationError
+
+from geoserve.cli.options import engine_config, flag_error, given, read_options
+from geoserve.cli.parser import DEFAULT_MODEL
+from geoserve.config import EngineConfig, config_error
+from geoserve.errors import ConfigError, PluginLoadError
+
+if TYPE_CHECKING:
+    from geoserve.server.settings import ServerSettings
+
+
+def server_settings(args: argparse.Namespace) -> ServerSettings:
+    """The :class:`~geoserve.server.settings.ServerSettings` of this command line.
+
+    Flags win over the ``--config`` file, which wins over the defaults.
+
+    Raises:
+        ConfigError: naming the file and key, or the flag, at fault.
+    """
+    from geoserve.server.settings import ServerFields, ServerSettings
+
+    known: dict[str, type[EngineConfig] | type[ServerFields] | None] = {"model": None}
+    known.update(dict.fromkeys(EngineConfig.model_fields, EngineConfig))
+    known.update(dict.fromkeys(ServerFields.model_fields, ServerFields))
+    from_file = read_options(args.config, known)
+    engine = engine_config(args, from_file)
+    server_file = {k: v for k, v in from_file.items() if k in ServerFields.model_fields}
+    try:
+        ServerFields.model_validate(server_file)
+    except ValidationError as exc:
+        raise config_error(exc, str(args.config), ServerFields.model_fields) from None
+    model = getattr(args, "model", None) or from_file.get("model") or DEFAULT_MODEL
+    try:
+        settings = ServerSettings.model_validate(
+            {**server_file, **given(args, ServerFields), "model": model, "engine": engine}
+        )
+    except ValidationError as exc:
+        raise flag_error(exc, ServerFields) from None
+    for directory in [*settings.allowed_input_dirs, settings.output_dir]:
+        if directory is not None and not directory.is_dir():
+            raise ConfigError(f"{directory}: not a directory")
+    return settings
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """``geoserve serve``: run the HTTP server until it is stopped."""
+    try:
+        from geoserve.server.run import serve
+    except ImportError as exc:
+        raise PluginLoadError(
+            f"the server needs the 'server' extra: pip install 'geoserve[server]' ({exc})"
+        ) from exc
+    settings = server_settings(args)
+    logging.getLogger("geoserve").setLevel(logging.INFO)
+    if args.ray:
+        from geoserve.distributed.serving import serve_on_ray
+
+        serve_on_ray(
+            settings,
+            address=None if args.ray == "local" else args.ray,
+            replicas=args.replicas,
+            gpus_per_replica=args.gpus_per_replica,
+        )
+        return 0
+    return serve(settings)

@@ -1,0 +1,209 @@
+"""Every engine option, declared once: :class:`EngineConfig`.
+
+The fields below are the only place an engine knob is named, typed, defaulted, validated and
+described. Everything else is derived from them: :class:`~geoserve.Engine` reads one,
+``geoserve predict`` and ``geoserve serve`` generate a flag per field (``--name-with-hyphens``,
+``--no-…`` for booleans, choices from ``Literal`` types, help from the docstring; see
+:mod:`geoserve.cli.options`), ``--config FILE`` fills one from YAML or JSON, the server's
+:class:`~geoserve.server.settings.ServerSettings` holds one and the Ray runners take one.
+
+No torch here: the command line validates its flags without importing it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from geoserve.errors import ConfigError
+from geoserve.raster.grid import BlendMode
+from geoserve.raster.trust import DEFAULT_INPUT_FORMATS, check_formats
+from geoserve.schemas import OutputKind
+
+#: Most patches one request may have by default (about 100,000 x 100,000 pixels at stride 224).
+DEFAULT_MAX_PATCHES = 200_000
+
+DType = Literal["float32", "fp32", "bfloat16", "bf16", "float16", "fp16"]
+Preprocess = Literal["auto", "host", "device"]
+
+
+class EngineConfig(BaseModel):
+    """How an :class:`~geoserve.Engine` runs its model: one field per option.
+
+    Build one in Python (``EngineConfig(max_batch_patches=32)``), from a file
+    (:meth:`from_file`) or from the command line's flags; invalid values raise
+    :class:`~geoserve.errors.ConfigError` naming the field.
+    """
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, frozen=True)
+
+    weights: Path | None = None
+    """Local weights file loaded into the model (strict; default: the model's own)."""
+    device: str = "cpu"
+    """Torch device for the forward passes (cpu, cuda, cuda:1)."""
+    dtype: DType | None = None
+    """Autocast dtype on the device (bf16 or fp16; default float32)."""
+    threads: Annotated[int, Field(ge=1)] | None = None
+    """Torch CPU threads for the model (default: torch's choice)."""
+    patch_size: Annotated[int, Field(ge=1)] | None = None
+    """Patch size in pixels (default: the model's)."""
+    stride: Annotated[int, Field(ge=1)] | None = None
+    """Step between patches in pixels (default: the model's)."""
+    blend: BlendMode | None = None
+    """How overlapping patches combine (default: the model's)."""
+    bands: list[int | str] | None = None
+    """Input bands the model reads: 0-based indices or band descriptions (default: the model's)."""
+    output_kind: OutputKind | None = None
+    """classes, probabilities or raw model output (default: the model's own)."""
+    max_batch_patches: Annotated[int, Field(ge=1)] | Literal["auto"] = 16
+    """Most patches per forward pass, from all pending requests ('auto': from free GPU memory)."""
+    compile: bool = False
+    """torch.compile the model; batches are padded to one shape (worth it on a GPU)."""
+    compile_backend: str = "inductor"
+    """torch.compile backend used with compile (inductor, eager, ...)."""
+    warmup: bool = True
+    """Run one dummy patch at start-up to check the model against its processors."""
+    prefetch: bool = True
+    """Read each request's next patch rows on the reader threads while the model runs."""
+    read_workers: Annotated[int, Field(ge=1)] | None = None
+    """Reader threads shared by all requests, also GDAL's decoding threads (default: cores, ≤ 4)."""
+    prefetch_rows: Annotated[int, Field(ge=0)] = 2
+    """Grid rows each request keeps read ahead of the model."""
+    preprocess: Preprocess = "auto"
+    """Where patches are cast, normalised, cut and stitched: host, device or auto (CUDA: device)."""
+    cross_request_batching: bool = True
+    """Fill batches with patches of several requests (off: one request's per batch)."""
+    streaming: bool = True
+    """Write each band of finished output rows at once (off: hold a request's whole output)."""
+    cog: bool = False
+    """Write outputs as Cloud-Optimized GeoTIFFs (tiles and overviews)."""
+    output_dir: Path | None = None
+    """Directory for outputs written to disk without an explicit path."""
+    allowed_formats: list[str] = Field(default_factory=lambda: list(DEFAULT_INPUT_FORMATS))
+    """GDAL formats inputs may be in (GTiff covers COG); any other content is refused unread."""
+    max_patches: Annotated[int, Field(ge=0)] | None = DEFAULT_MAX_PATCHES
+    """Most patches one request may have (0 or null: no limit)."""
+    max_request_mb: Annotated[float, Field(gt=0)] | None = None
+    """Most memory one request's estimate may take, in MB (default: 75 % of physical memory)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _accept_objects(cls, data: Any) -> Any:
+        """Also take what Python callers hand over: torch dtypes and devices, a backend name."""
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        for key in ("dtype", "device"):
+            value = data.get(key)
+            if type(value).__module__ == "torch":  # torch.bfloat16, torch.device("cuda")
+                data[key] = str(value).removeprefix("torch.")
+        if isinstance(data.get("compile"), str) and data["compile"].lower() not in _BOOL_WORDS:
+            data["compile_backend"] = data["compile"]  # compile="eager": on, with that backend
+            data["compile"] = True
+        return data
+
+    @field_validator("allowed_formats")
+    @classmethod
+    def _known_formats(cls, value: list[str]) -> list[str]:
+        return list(check_formats(value))
+
+    @field_validator("max_patches")
+    @classmethod
+    def _zero_is_no_limit(cls, value: int | None) -> int | None:
+        return value or None
+
+    @field_validator("bands")
+    @classmethod
+    def _some_bands(cls, value: list[int | str] | None) -> list[int | str] | None:
+        if value is not None and not value:
+            raise ValueError("the list is empty")
+        return value
+
+    # -- building one ------------------------------------------------------------------------
+
+    @classmethod
+    def build(cls, base: EngineConfig | None = None, **overrides: Any) -> EngineConfig:
+        """``base`` (default: all defaults) with ``overrides`` applied and validated.
+
+        Raises:
+            ConfigError: naming the field at fault.
+        """
+        values = base.model_dump(exclude_unset=True) if base is not None else {}
+        values.update(overrides)
+        return cls.checked(values)
+
+    @classmethod
+    def checked(cls, values: dict[str, Any], *, source: str = "") -> EngineConfig:
+        """Validate ``values``; errors are :class:`ConfigError` naming the field (and file)."""
+        try:
+            return cls.model_validate(values)
+        except ValidationError as exc:
+            raise config_error(exc, source, cls.model_fields) from None
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> EngineConfig:
+        """Read a YAML or JSON file whose keys are field names (see docs/configuration.md)."""
+        return cls.checked(read_config_file(path), source=str(path))
+
+
+_BOOL_WORDS = {"true", "false", "yes", "no", "on", "off", "1", "0"}
+
+
+def config_error(exc: ValidationError, source: str, fields: Any) -> ConfigError:
+    """One clause per invalid field, ``<file>: <field>: <why> (got <value>)``.
+
+    The alternatives of a union field are said together; an unknown key lists the known ones.
+    """
+    whys: dict[str, list[str]] = {}
+    got: dict[str, Any] = {}
+    for err in exc.errors():
+        name = str(err["loc"][0]) if err["loc"] else "config"
+        why = str(err["msg"]).removeprefix("Value error, ").removeprefix("Input should be ")
+        if err["type"] == "extra_forbidden":
+            why = f"unknown option; known: {', '.join(fields)}"
+        elif err["type"] != "missing":
+            got[name] = err.get("input")
+        whys.setdefault(name, [])
+        if why not in whys[name]:
+            whys[name].append(why)
+    where = f"{source}: " if source else ""
+    clauses = []
+    for name, reasons in whys.items():
+        said = " or ".join(reasons)
+        if said.startswith(("greater", "less", "a valid", "'")):
+            said = f"should be {said}"
+        tail = f" (got {got[name]!r})" if name in got else ""
+        clauses.append(f"{where}{name}: {said}{tail}")
+    return ConfigError("; ".join(clauses))
+
+
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    """A configuration file's mapping: JSON for ``.json``, else YAML (a superset of JSON).
+
+    Raises:
+        ConfigError: the file cannot be read or parsed, or does not hold a mapping.
+    """
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{p}: cannot read the configuration file: {exc}") from None
+    try:
+        if p.suffix.lower() == ".json":
+            data = json.loads(text)
+        else:
+            import yaml
+
+            data = yaml.safe_load(text)  # plain data only: no tags that build objects
+    except Exception as exc:  # json.JSONDecodeError, yaml.YAMLError
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        kind = "JSON" if p.suffix.lower() == ".json" else "YAML"
+        raise ConfigError(f"{p}: not valid {kind}: {first}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict) or not all(isinstance(k, str) for k in data):
+        raise ConfigError(f"{p}: expected a mapping of option names to values at the top level")
+    return data
