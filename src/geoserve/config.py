@@ -180,30 +180,51 @@ def config_error(exc: ValidationError, source: str, fields: Any) -> ConfigError:
     return ConfigError("; ".join(clauses))
 
 
+#: Largest configuration file read (a configuration is a few hundred bytes).
+MAX_CONFIG_BYTES = 1 << 20
+
+
 def read_config_file(path: str | Path) -> dict[str, Any]:
     """A configuration file's mapping: JSON for ``.json``, else YAML (a superset of JSON).
+
+    YAML is read as plain data: no tags that build objects, and no aliases (``*name``), which
+    can multiply a small file into a huge document.
 
     Raises:
         ConfigError: the file cannot be read or parsed, or does not hold a mapping.
     """
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        with p.open("rb") as f:
+            raw = f.read(MAX_CONFIG_BYTES + 1)
+        text = raw.decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{p}: cannot read the configuration file: {exc}") from None
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{p}: larger than {MAX_CONFIG_BYTES >> 20} MB; not a configuration")
+    kind = "JSON" if p.suffix.lower() == ".json" else "YAML"
     try:
-        if p.suffix.lower() == ".json":
-            data = json.loads(text)
-        else:
-            import yaml
-
-            data = yaml.safe_load(text)  # plain data only: no tags that build objects
+        data = json.loads(text) if kind == "JSON" else _load_yaml(text)
     except Exception as exc:  # json.JSONDecodeError, yaml.YAMLError
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        kind = "JSON" if p.suffix.lower() == ".json" else "YAML"
         raise ConfigError(f"{p}: not valid {kind}: {first}") from None
     if data is None:
         return {}
     if not isinstance(data, dict) or not all(isinstance(k, str) for k in data):
         raise ConfigError(f"{p}: expected a mapping of option names to values at the top level")
     return data
+
+
+def _load_yaml(text: str) -> Any:
+    import yaml
+
+    class PlainLoader(yaml.SafeLoader):
+        """SafeLoader without aliases."""
+
+        def compose_node(self, parent: Any, index: Any) -> Any:
+            if self.check_event(yaml.AliasEvent):
+                mark = self.peek_event().start_mark
+                raise yaml.YAMLError(f"aliases (*name) are not allowed ({mark})".replace("\n", " "))
+            return super().compose_node(parent, index)
+
+    return yaml.load(text, Loader=PlainLoader)  # noqa: S506 (a SafeLoader)

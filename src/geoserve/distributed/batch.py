@@ -142,7 +142,8 @@ def _root_cause(exc: BaseException) -> str:
 
 def run_batch(
     inputs: Sequence[str | os.PathLike[str]],
-    output_dir: str | os.PathLike[str],
+    out_dir: str | os.PathLike[str],
+    /,
     *,
     model: str,
     address: str | None = None,
@@ -156,7 +157,7 @@ def run_batch(
     config: EngineConfig | None = None,
     **overrides: Any,
 ) -> BatchSummary:
-    """Run scenes (paths or glob patterns) on Ray; outputs go to ``output_dir``.
+    """Run scenes (paths or glob patterns) on Ray; outputs go to the directory ``out_dir``.
 
     Connects to ``address`` ("auto" for a running cluster), or starts a local one when it is
     ``None``. ``actors`` engines run at once, each with ``cpus_per_actor`` CPUs and
@@ -183,7 +184,7 @@ def run_batch(
     config = EngineConfig.build(config, **overrides)
     t0 = time.perf_counter()
     paths = expand_inputs(inputs)
-    outputs = [str(p) for p in output_paths(paths, output_dir)]
+    outputs = [str(p) for p in output_paths(paths, out_dir)]
     summary = BatchSummary()
     todo = []
     for path, out in zip(paths, outputs, strict=True):

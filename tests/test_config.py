@@ -1,0 +1,206 @@
+"""EngineConfig: every engine option reachable from Python, both commands, a file and Ray.
+
+The walker below goes over ``EngineConfig.model_fields``: a new option that is not reachable
+from one of them fails here, with the field's name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from geoserve import EngineConfig
+from geoserve.cli import build_parser
+from geoserve.cli.options import engine_config, read_options
+from geoserve.cli.serve import server_settings
+from geoserve.errors import ConfigError
+
+#: A value other than the default for every field (a new field must be added here).
+SAMPLE: dict[str, Any] = {
+    "weights": Path("weights.safetensors"),
+    "device": "cuda:1",
+    "dtype": "bf16",
+    "threads": 3,
+    "patch_size": 32,
+    "stride": 16,
+    "blend": "mean",
+    "bands": [2, "B8"],
+    "output_kind": "probabilities",
+    "max_batch_patches": "auto",
+    "compile": True,
+    "compile_backend": "eager",
+    "warmup": False,
+    "prefetch": False,
+    "read_workers": 3,
+    "prefetch_rows": 5,
+    "preprocess": "device",
+    "cross_request_batching": False,
+    "streaming": False,
+    "cog": True,
+    "output_dir": Path("outputs"),
+    "allowed_formats": ["GTiff", "PNG"],
+    "max_patches": 7,
+    "max_request_mb": 12.5,
+}
+FIELDS = list(EngineConfig.model_fields)
+
+
+def as_flags(name: str, value: Any) -> list[str]:
+    flag = "--" + name.replace("_", "-")
+    if value is True:
+        return [flag]
+    if value is False:
+        return ["--no-" + name.replace("_", "-")]
+    if isinstance(value, list):
+        return [flag, ",".join(map(str, value))]
+    return [flag, str(value)]
+
+
+def expected(name: str, base: Path) -> Any:
+    """The sample as the configuration holds it (relative paths: below ``base``)."""
+    value = SAMPLE[name]
+    return base / value if isinstance(value, Path) else value
+
+
+def test_the_sample_covers_every_field_with_a_non_default_value():
+    assert set(SAMPLE) == set(FIELDS)
+    defaults = EngineConfig()
+    for name in FIELDS:
+        assert getattr(defaults, name) != SAMPLE[name], name
+
+
+@pytest.fixture(scope="module")
+def helps() -> dict[str, str]:
+    out = {}
+    for cmd in ("predict", "serve"):
+        text = io.StringIO()
+        with contextlib.redirect_stdout(text), pytest.raises(SystemExit):
+            build_parser().parse_args([cmd, "--help"])
+        out[cmd] = text.getvalue()
+    return out
+
+
+@pytest.mark.parametrize("name", FIELDS)
+def test_every_field_is_reachable_everywhere(name, helps, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "outputs").mkdir()
+    # Python
+    assert getattr(EngineConfig(**{name: SAMPLE[name]}), name) == SAMPLE[name]
+    assert getattr(EngineConfig.build(**{name: SAMPLE[name]}), name) == SAMPLE[name]
+    # both commands' help, and their flags
+    flags = as_flags(name, SAMPLE[name])
+    for cmd in ("predict", "serve"):
+        assert flags[0].replace("--no-", "--") in helps[cmd], (cmd, name)
+    args = build_parser().parse_args(["predict", "in.tif", "-o", "out.tif", *flags])
+    assert getattr(engine_config(args, {}), name) == SAMPLE[name]
+    args = build_parser().parse_args(["serve", *flags])
+    assert getattr(server_settings(args).engine, name) == SAMPLE[name]
+    # a configuration file, YAML and JSON; relative paths are relative to the file
+    value = [str(v) for v in SAMPLE[name]] if name == "allowed_formats" else SAMPLE[name]
+    value = str(value) if isinstance(value, Path) else value
+    conf = tmp_path / "conf"
+    conf.mkdir()
+    (conf / "outputs").mkdir()
+    for path, text in (
+        (conf / "c.yaml", f"{name}: {json.dumps(value)}\n"),
+        (conf / "c.json", json.dumps({name: value})),
+    ):
+        path.write_text(text)
+        assert getattr(EngineConfig.from_file(path), name) == SAMPLE[name]
+        args = build_parser().parse_args(
+            ["predict", "in.tif", "-o", "o.tif", "--config", str(path)]
+        )
+        file_values = read_options(args.config, dict.fromkeys(FIELDS, EngineConfig))
+        assert getattr(engine_config(args, file_values), name) == expected(name, conf)
+        args = build_parser().parse_args(["serve", "--config", str(path)])
+        assert getattr(server_settings(args).engine, name) == expected(name, conf)
+
+
+@pytest.mark.parametrize("name", FIELDS)
+def test_every_field_reaches_ray(name, tmp_path):
+    """run_batch takes the field as an override (validated before any Ray work starts) ..."""
+    pytest.importorskip("ray")
+    from geoserve.distributed import run_batch
+
+    summary = run_batch([], tmp_path, model="test-seg", **{name: SAMPLE[name]})
+    assert summary.results == []
+    with pytest.raises(ConfigError, match=name):
+        run_batch([], tmp_path, model="test-seg", **{name: object()})
+    # ... and the actors run with the config (tests/distributed/test_config_on_ray.py)
+
+
+def test_flags_override_the_file_and_the_file_overrides_defaults(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("max_batch_patches: 4\nstride: 8\nmodel: test-seg\ncog: true\n")
+    args = build_parser().parse_args(
+        ["predict", "a.tif", "-o", "b.tif", "--config", str(path), "--stride", "12", "--no-cog"]
+    )
+    values = read_options(args.config, {"model": None, **dict.fromkeys(FIELDS, EngineConfig)})
+    config = engine_config(args, values)
+    assert (config.max_batch_patches, config.stride, config.cog) == (4, 12, False)
+    assert config.prefetch_rows == EngineConfig().prefetch_rows
+    settings = server_settings(build_parser().parse_args(["serve", "--config", str(path)]))
+    assert settings.model == "test-seg"
+    settings = server_settings(
+        build_parser().parse_args(["serve", "--config", str(path), "-m", "test-id"])
+    )
+    assert settings.model == "test-id"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("max_batch_patches: 0\n", "c.yaml: max_batch_patches: should be greater than or equal"),
+        ("max_batch_pachtes: 4\n", "unknown option(s) 'max_batch_pachtes'; known: model, weights"),
+        ("preprocess: gpu\n", "c.yaml: preprocess: should be 'auto', 'host' or 'device'"),
+        ("allowed_formats: [VRT]\n", "c.yaml: allowed_formats: allowed input formats: VRT"),
+        ("- 1\n- 2\n", "c.yaml: expected a mapping of option names"),
+        ("stride: [1\n", "c.yaml: not valid YAML"),
+        ("a: &x [1]\nb: *x\n", "aliases"),
+    ],
+)
+def test_a_bad_file_is_named_with_its_key(tmp_path, text, message):
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    args = build_parser().parse_args(["predict", "a.tif", "-o", "b.tif", "--config", str(path)])
+
+    def load() -> EngineConfig:
+        values = read_options(args.config, {"model": None, **dict.fromkeys(FIELDS, EngineConfig)})
+        return engine_config(args, values)
+
+    with pytest.raises(ConfigError) as info:
+        load()
+    assert message in str(info.value)
+
+
+def test_python_errors_name_the_field():
+    with pytest.raises(ConfigError, match=r"^read_workers: should be greater than or equal to 1"):
+        EngineConfig.build(read_workers=0)
+    with pytest.raises(ConfigError, match="max_batch_pachtes: unknown option; known: weights"):
+        EngineConfig.build(max_batch_pachtes=4)
+    assert EngineConfig.build(max_patches=0).max_patches is None  # 0: no limit
+
+
+def test_engine_takes_a_config_and_keyword_overrides():
+    import torch
+
+    from geoserve import Engine
+
+    config = EngineConfig(patch_size=32, stride=16, output_kind="probabilities")
+    engine = Engine("test-seg", config, max_batch_patches=3, dtype=torch.bfloat16)
+    assert engine.config.patch_size == 32
+    assert engine.in_proc.patch_size == 32
+    assert engine.in_proc.stride == 16
+    assert engine.max_batch_patches == 3
+    assert engine.config.dtype == "bfloat16"
+    assert engine.dtype is torch.bfloat16
+    assert engine.out_proc.kind == "probabilities"
+    with pytest.raises(ConfigError, match="device"):
+        Engine("test-seg", device="warp-drive")
+    with pytest.raises(ConfigError, match="patch_size"):
+        Engine("test-seg", patch_size=0)
