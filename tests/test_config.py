@@ -204,3 +204,32 @@ def test_engine_takes_a_config_and_keyword_overrides():
         Engine("test-seg", device="warp-drive")
     with pytest.raises(ConfigError, match="patch_size"):
         Engine("test-seg", patch_size=0)
+
+
+DOCS = Path(__file__).resolve().parents[1] / "docs"
+
+
+def test_the_configuration_page_lists_every_field_with_its_flag():
+    from geoserve.server.settings import ServerFields
+
+    page = (DOCS / "configuration.md").read_text()
+    for model in (EngineConfig, ServerFields):
+        for name in model.model_fields:
+            assert f"| `{name}` | `--{name.replace('_', '-')}`" in page, name
+
+
+def test_the_example_files_are_valid_and_predict_runs_with_one(tmp_path):
+    import rasterio
+
+    from geoserve.cli import main
+    from tests.conftest import LAKE
+
+    serve_args = build_parser().parse_args(["serve", "--config", str(DOCS / "examples/serve.yaml")])
+    assert server_settings(serve_args).max_wait_ms == 5
+    out = tmp_path / "water.tif"
+    argv = ["predict", "--config", str(DOCS / "examples/predict.yaml"), str(LAKE), "-o", str(out)]
+    assert main([*argv, "-q"]) == 0
+    with rasterio.open(out) as dst, rasterio.open(LAKE) as src:
+        assert dst.dtypes[0] == "float32"  # output_kind: probabilities
+        assert dst.profile["tiled"]  # cog: true
+        assert (dst.crs, dst.transform, dst.shape) == (src.crs, src.transform, src.shape)
