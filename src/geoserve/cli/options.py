@@ -205,11 +205,10 @@ def _scalar_parser(field: FieldInfo) -> Any:
     annotation: Any = field.annotation
     if field.metadata:  # constraints (ge=1) of a field declared as Annotated[int, Field(...)]
         annotation = typing.Annotated.__class_getitem__((annotation, *field.metadata))  # type: ignore[attr-defined]
-    adapter: TypeAdapter[Any] = TypeAdapter(annotation)
 
     def parse(text: str) -> Any:
-        try:
-            return adapter.validate_python(text)
+        try:  # (the adapter is built when a flag is given, not for --help)
+            return TypeAdapter(annotation).validate_python(text)
         except ValidationError as exc:
             reasons = dict.fromkeys(
                 str(e["msg"]).removeprefix("Input should be ") for e in exc.errors()
