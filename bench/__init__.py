@@ -8,8 +8,9 @@
 - ``bench.trust``: load, a memory soak and costly small uploads against one source tree;
 - ``bench.gpu``: a whole Sentinel-2-sized scene on one CUDA GPU.
 
-Each writes its JSON to ``bench/results/`` and (except ``bench.trust`` and ``bench.gpu``, which
-print theirs) rewrites its own section of docs/benchmarks.md; ``--no-docs`` leaves that alone.
+``bench.engine``, ``bench.pipeline``, ``bench.prithvi`` and ``bench.server`` write their JSON to
+``bench/results/`` and rewrite their own section of docs/benchmarks.md (``--no-docs`` leaves it
+alone); ``bench.trust`` and ``bench.gpu`` print one JSON object and write it to ``--out``.
 Shared code: ``bench.harness`` (timing, memory, the machine line, results and docs),
 ``bench.scenes`` (inputs) and ``bench.models`` (the benchmark models).
 """

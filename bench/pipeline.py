@@ -66,10 +66,11 @@ from bench.models import (
     STRIDE,
     BenchConv,
     Pointwise,
+    bench_patcher,
     register_conv6,
 )
 from bench.scenes import LAKE, synthetic_scene
-from geoserve import Engine, GeoTiffPatcher
+from geoserve import Engine
 
 SIZES = (2048, 4096, 8192, 10980, 16384)
 TERRATORCH_MAX = 8192  # larger scenes would need >10 GB as tensors on this 24 GB machine
@@ -103,14 +104,7 @@ def _naive(path: Path, threads: int) -> int:
 def _geoserve_rows(path: Path, threads: int, on_torch: bool) -> int:
     from geoserve.raster import open_raster
 
-    proc = GeoTiffPatcher(
-        bands=SIX,
-        scale_factor=SCALE,
-        mean=MEAN,
-        std=STD,
-        patch_size=PATCH,
-        blend="none",
-    )
+    proc = bench_patcher(SIX).replace(blend="none")  # patches side by side, no overlap
     n = 0
     with open_raster(path, threads=threads) as src:
         ctx = proc.prepare([src])
