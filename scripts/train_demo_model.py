@@ -1,6 +1,6 @@
 """Train the bundled demo model (``demo-water``) on CPU, then measure it honestly.
 
-    .venv/bin/python scripts/train_demo_model.py        # ~5 minutes on 2 cores
+    .venv/bin/python scripts/train_demo_model.py [--sen1floods11 DIR]    # ~5 minutes, 2 cores
 
 Training data: the bundled Sentinel-2 lake scene (Havel, 2017-02-16), labels NDWI > 0 from
 green (B3) and narrow NIR (B8A). Random 224-px crops, horizontal and vertical flips, random
@@ -8,15 +8,31 @@ global gain 0.4-2.5 and per-band gain 0.8-1.25 (the scene is one winter day; wit
 model learns its brightness rather than the spectral ratio), class weights 1:3, AdamW.
 Fixed seeds and thread count: a rerun reproduces the weights.
 
-Evaluation, on data the model never saw: the Sen1Floods11 hand-labelled chip in
-../shared/data (Spain, 2019 flood), run through the engine like any request, against its hand
-labels, next to the NDWI > 0 rule on the same chip. Writes the weights (safetensors), the
-figures (JSON) and the model card (Markdown) into src/geoserve/models/weights/.
+Evaluation, on data the model never saw: the Sen1Floods11 hand-labelled chip Spain_7370579
+(Spain, 2019 flood), run through the engine like any request, against its hand labels, next to
+the NDWI > 0 rule on the same chip. Writes the weights (safetensors), the figures (JSON) and the
+model card (Markdown) into src/geoserve/models/weights/.
+
+The chip comes from Sen1Floods11 (Bonafilia et al., "Sen1Floods11: a georeferenced dataset to
+train and test deep learning flood algorithms for Sentinel-1", CVPR Workshops 2020; Cloud to
+Street), a public dataset that is not bundled here because it states no licence allowing
+redistribution. Two files are needed, both in the sample/ folder of
+github.com/cloudtostreet/Sen1Floods11 and in the public Google Cloud Storage bucket
+gs://sen1floods11 (among its hand-labelled S2Hand and LabelHand chips):
+
+    Spain_7370579_S2Hand.tif     Sentinel-2 L1C, 13 bands, uint16
+    Spain_7370579_LabelHand.tif  hand labels: -1 no data, 0 not water, 1 water
+
+Put both in one directory and name it with ``--sen1floods11 DIR`` or the SEN1FLOODS11_DIR
+environment variable; by default the script looks in ``shared/data`` beside the repository's
+own directory, where the tests look for the same files.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -31,8 +47,9 @@ from geoserve.models.prithvi.variants import S2_L1C_PRITHVI_INDICES, V2_MEAN, V2
 
 ROOT = Path(__file__).resolve().parents[1]
 SCENE = ROOT / "data" / "S2_L1C_T33UUU_20170216T102101_13band_10m.tif"
-CHIP = ROOT.parent / "shared" / "data" / "Spain_7370579_S2Hand.tif"
-LABEL = ROOT.parent / "shared" / "data" / "Spain_7370579_LabelHand.tif"
+#: Where the Sen1Floods11 files are looked for unless --sen1floods11 / SEN1FLOODS11_DIR say.
+SEN1FLOODS11 = ROOT.parent / "shared" / "data"
+CHIP, LABEL = "Spain_7370579_S2Hand.tif", "Spain_7370579_LabelHand.tif"
 OUT = ROOT / "src" / "geoserve" / "models" / "weights"
 SEED, STEPS, BATCH, CROP, LR = 0, 900, 8, 224, 2e-3
 GREEN, NIR = 2, 8  # B3, B8A in the 13-band stack
@@ -92,12 +109,13 @@ def train() -> DemoWater:
     return model.eval()
 
 
-def evaluate() -> dict[str, float]:
+def evaluate(data: Path) -> dict[str, float]:
     """IoU and accuracy of demo-water (through the engine) and of NDWI > 0 on the chip."""
     from geoserve import Engine
 
-    pred = Engine("demo-water").generate_image(CHIP, out_format="tensor").outputs.tensor[0]
-    with rasterio.open(LABEL) as lab, rasterio.open(CHIP) as src:
+    chip = data / CHIP
+    pred = Engine("demo-water").generate_image(chip, out_format="tensor").outputs.tensor[0]
+    with rasterio.open(data / LABEL) as lab, rasterio.open(chip) as src:
         truth = lab.read(1)
         green = src.read(GREEN + 1).astype(np.float32)
         nir = src.read(NIR + 1).astype(np.float32)
@@ -145,13 +163,35 @@ product**: for real flood mapping use a Prithvi fine-tune (docs/models.md).
 """
 
 
+def sen1floods11_dir() -> Path:
+    """The directory holding the two Sen1Floods11 files (checked before training starts)."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--sen1floods11",
+        type=Path,
+        default=Path(os.environ.get("SEN1FLOODS11_DIR", SEN1FLOODS11)),
+        metavar="DIR",
+        help=f"directory with {CHIP} and {LABEL} (default: $SEN1FLOODS11_DIR, else {SEN1FLOODS11})",
+    )
+    data: Path = parser.parse_args().sen1floods11
+    missing = [name for name in (CHIP, LABEL) if not (data / name).is_file()]
+    if missing:
+        parser.error(
+            f"{', '.join(missing)} not in {data}: get them from Sen1Floods11 (the sample/ folder "
+            "of github.com/cloudtostreet/Sen1Floods11, or gs://sen1floods11) and pass "
+            "--sen1floods11 DIR"
+        )
+    return data
+
+
 def main() -> None:
+    data = sen1floods11_dir()
     t0 = time.perf_counter()
     model = train()
     train_s = time.perf_counter() - t0
     OUT.mkdir(parents=True, exist_ok=True)
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(OUT / WEIGHTS))
-    figures = evaluate()
+    figures = evaluate(data)
     params = sum(p.numel() for p in model.parameters())
     size_kb = (OUT / WEIGHTS).stat().st_size // 1024
     card = {

@@ -1,6 +1,10 @@
 """The Prithvi ViT encoder (Prithvi-EO-1.0 and -2.0), built from timm ``Block``s.
 
-Written from the architecture description in ../shared/reference/anchor_prithvi.md (A1), so that
+Written from the published architecture (Szwarcman et al., "Prithvi-EO-2.0: A Versatile
+Multi-Temporal Foundation Model for Earth Observation Applications", arXiv:2412.02732) and the
+public reference code (Apache-2.0): the ``prithvi_mae.py`` that IBM and NASA publish with the
+weights (e.g. huggingface.co/ibm-nasa-geospatial/Prithvi-EO-2.0-300M) and TerraTorch's copy of
+it (github.com/IBM/terratorch, ``terratorch/models/backbones/prithvi_mae.py``), so that
 checkpoints of the reference implementation load by name and give the same numbers:
 
 - 3D patch embedding: ``Conv3d(in_chans, D, kernel=stride=(1, p, p))``, tokens in (t, h, w)

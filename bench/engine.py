@@ -4,88 +4,33 @@ GeoTIFF in -> GeoTIFF out on the bundled lake scene (1536 x 768, 6 of 13 bands),
 forward passes alone over the same patches, pre-cut in memory, at the same batch size. The ratio
 model-only time / end-to-end time is the share of wall time the model gets (1.0 = no overhead).
 
-    .venv/bin/python bench/bench_engine.py            # prints JSON, rewrites docs/benchmarks.md
+    python -m bench.engine              # prints JSON, rewrites docs/benchmarks.md
 
 Not a test: timings depend on the machine. Figures go to docs/benchmarks.md with the machine.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import platform
 import statistics
-import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _docs import update_section  # noqa: E402
+import bench.models  # noqa: F401  (registers bench-conv)
+from bench.harness import cli, machine, machine_line, publish, timed, write_section
+from bench.scenes import LAKE
+from geoserve import Engine
 
-from geoserve import (
-    INPUT_REGISTRY,
-    MODEL_REGISTRY,
-    OUTPUT_REGISTRY,
-    Engine,
-    GeoTiffPatcher,
-    SegmentationReassembler,
-)
-
-ROOT = Path(__file__).resolve().parents[1]
-SCENE = ROOT / "data" / "S2_L1C_T33UUU_20170216T102101_13band_10m.tif"
-BANDS = (1, 2, 3, 8, 11, 12)
 REPEATS = 7
-
-
-#: The benchmarks' normalisation and tiling (bench_pipeline.py feeds TerraTorch the same).
-SCALE, MEAN, STD = 1e-4, (0.1,) * 6, (0.05,) * 6
-PATCH, STRIDE = 224, 192
-
-
-def bench_patcher(bands: tuple[int, ...]) -> GeoTiffPatcher:
-    """Six bands, reflectance-scaled and normalised, 224 px patches at stride 192, centre crop."""
-    return GeoTiffPatcher(
-        bands=bands,
-        scale_factor=SCALE,
-        mean=MEAN,
-        std=STD,
-        patch_size=PATCH,
-        stride=STRIDE,
-        blend="center",
-    )
-
-
-@MODEL_REGISTRY.register_model("bench-conv", description="small seeded conv net (benchmark)")
-@INPUT_REGISTRY.register_input_processor(bench_patcher(BANDS))
-@OUTPUT_REGISTRY.register_output_processor(SegmentationReassembler(classes=("land", "water")))
-class BenchConv(nn.Module):
-    """Three 3x3 convolutions, 32 channels: a few hundred MFLOP per 224 px patch."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.net = nn.Sequential(
-            nn.Conv2d(6, 32, 3, padding=1),
-            nn.ReLU(),
-            nn.Conv2d(32, 32, 3, padding=1),
-            nn.ReLU(),
-            nn.Conv2d(32, 2, 1),
-        )
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net(x)
+MODEL = "bench-conv"
 
 
 def time_engine(engine: Engine, out_dir: Path) -> tuple[float, int, dict[str, float]]:
-    t0 = time.perf_counter()
-    out = engine.generate_image(SCENE, output_path=out_dir / "out.tif")
-    wall = time.perf_counter() - t0
+    wall, out = timed(lambda: engine.generate_image(LAKE, output_path=out_dir / "out.tif"))
     t = out.timings
     return (
         wall,
@@ -98,22 +43,24 @@ def time_model_only(engine: Engine, batch: int) -> tuple[float, int]:
     """Forward passes over the same patches, cut beforehand (no I/O, no stitching)."""
     from geoserve.raster import open_raster
 
-    with open_raster(SCENE) as src:
+    with open_raster(LAKE) as src:
         ctx = engine.in_proc.prepare([src])
         rows = [engine.in_proc.read_row([src], ctx, r) for r in range(ctx.grid.rows)]
     patches = torch.from_numpy(np.concatenate([r.patches for r in rows]))
-    t0 = time.perf_counter()
-    with torch.inference_mode():
-        for i in range(0, len(patches), batch):
-            engine.model(patches[i : i + batch]).float().cpu().numpy()
-    return time.perf_counter() - t0, len(patches)
+
+    def forward() -> None:
+        with torch.inference_mode():
+            for i in range(0, len(patches), batch):
+                engine.model(patches[i : i + batch]).float().cpu().numpy()
+
+    return timed(forward)[0], len(patches)
 
 
-def main() -> dict[str, object]:
+def run() -> dict[str, Any]:
     torch.set_num_threads(os.cpu_count() or 1)
     results = []
     for batch in (8, 32):
-        engine = Engine("bench-conv", max_batch_patches=batch)
+        engine = Engine(MODEL, max_batch_patches=batch)
         runs, pure = [], []
         with tempfile.TemporaryDirectory() as tmp:
             time_engine(engine, Path(tmp))  # warm caches
@@ -139,35 +86,24 @@ def main() -> dict[str, object]:
                 "stages_s": {k: round(v, 3) for k, v in stages.items()},
             }
         )
-    machine = {
-        "cpu": platform.processor() or platform.machine(),
-        "cores": os.cpu_count(),
-        "python": sys.version.split()[0],
-        "torch": torch.__version__,
-        "date": time.strftime("%Y-%m-%d"),
-    }
     return {
-        "scene": SCENE.name,
+        "scene": LAKE.name,
         "size": "1536x768, 6 bands",
-        "model": "bench-conv",
-        "machine": machine,
+        "model": MODEL,
+        "machine": machine(),
         "results": results,
     }
 
 
 def write_markdown(report: dict[str, Any]) -> None:
-    m = report["machine"]
     lines = [
-        "## Engine overhead (`bench/bench_engine.py`)",
-        "",
         f"End-to-end `generate_image` (GeoTIFF in, GeoTIFF out) on the bundled lake scene "
         f"({report['size']}, patch 224, stride 192, `center` blend) with `bench-conv` (three "
         "3x3 convolutions, 32 channels), against the same model's forward passes over the same "
         "patches pre-cut in memory at the same batch size. Ratio = model-only time / end-to-end "
         f"time. Medians of {REPEATS} interleaved runs.",
         "",
-        f"Machine: {m['cores']} cores ({m['cpu']}), no GPU, Python {m['python']}, "
-        f"torch {m['torch']}, {m['date']}.",
+        machine_line(report["machine"], "python", "torch"),
         "",
         "| batch | patches | end-to-end s | model only s | ratio | overhead | "
         "read s | model s | stitch s | write s |",
@@ -188,14 +124,13 @@ def write_markdown(report: dict[str, Any]) -> None:
         "reading competes with the model's own threads rather than adding wall time). "
         "Run-to-run noise on this shared machine is about +-4 percentage points.",
     ]
-    update_section("engine", "\n".join(lines))
+    write_section("engine", "Engine overhead", lines)
+
+
+def main() -> None:
+    args = cli(__doc__).parse_args()
+    publish("engine", run(), write_markdown, docs=not args.no_docs)
 
 
 if __name__ == "__main__":
-    report = main()
-    out = ROOT / "bench" / "results"
-    out.mkdir(exist_ok=True)
-    (out / "engine.json").write_text(json.dumps(report, indent=2))
-    print(json.dumps(report, indent=2))
-    if "--no-docs" not in sys.argv:
-        write_markdown(report)
+    main()

@@ -1,6 +1,6 @@
 """Prithvi forward throughput per variant (CPU fp32), and the engine's model step against it.
 
-    .venv/bin/python bench/bench_prithvi.py        # prints JSON, updates docs/benchmarks.md
+    python -m bench.prithvi             # prints JSON, updates docs/benchmarks.md
 
 Random weights (the architecture, not the numbers, sets the cost). Patches are 224 x 224 x 6
 bands with each variant's pretraining frame count. The second part runs the Sen1Floods11
@@ -11,26 +11,20 @@ forward over the same patches at the same batch size.
 
 from __future__ import annotations
 
-import json
 import os
-import platform
-import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _docs import update_section  # noqa: E402
+from bench.harness import cli, machine, machine_line, publish, throughput, timed, write_section
+from bench.scenes import LAKE
+from geoserve import Engine
+from geoserve.models.prithvi import PrithviSegmentation, PrithviViT, encoder_kwargs
+from geoserve.raster import open_raster
 
-from geoserve import Engine  # noqa: E402
-from geoserve.models.prithvi import PrithviSegmentation, PrithviViT, encoder_kwargs  # noqa: E402
-from geoserve.raster import open_raster  # noqa: E402
-
-ROOT = Path(__file__).resolve().parents[1]
-SCENE = ROOT / "data" / "S2_L1C_T33UUU_20170216T102101_13band_10m.tif"
 VARIANTS = (
     "prithvi_eo_v2_tiny_tl",
     "prithvi_eo_v1_100",
@@ -43,12 +37,8 @@ BATCHES = (1, 4, 16)
 def forward_rate(model: torch.nn.Module, frames: int, batch: int) -> float:
     x = torch.randn(batch, 6, frames, 224, 224)
     with torch.inference_mode():
-        model.forward_features(x)
         reps = 2 if batch == 1 else 1
-        t0 = time.perf_counter()
-        for _ in range(reps):
-            model.forward_features(x)
-        return batch * reps / (time.perf_counter() - t0)
+        return throughput(lambda: model.forward_features(x), per_call=batch, reps=reps)
 
 
 def variants() -> list[dict[str, Any]]:
@@ -87,28 +77,27 @@ def engine_vs_forward(batch: int = 8) -> dict[str, Any]:
         forward = engine._forward  # noqa: SLF001 - time exactly the engine's model step
         spent = {"s": 0.0, "patches": 0}
 
-        def timed(patches):
-            t0 = time.perf_counter()
-            out = forward(patches)
-            spent["s"] += time.perf_counter() - t0
+        def timed_forward(patches):
+            seconds, out = timed(lambda: forward(patches))
+            spent["s"] += seconds
             spent["patches"] += len(patches)
             return out
 
-        engine._forward = timed  # type: ignore[method-assign]  # noqa: SLF001
-        t0 = time.perf_counter()
-        engine.generate_image(SCENE, output_path=Path(tmp) / "out.tif")
-        wall = time.perf_counter() - t0
-        with open_raster(SCENE) as src:
+        engine._forward = timed_forward  # type: ignore[method-assign]  # noqa: SLF001
+        wall, _ = timed(lambda: engine.generate_image(LAKE, output_path=Path(tmp) / "out.tif"))
+        with open_raster(LAKE) as src:
             ctx = engine.in_proc.prepare([src])
             rows = [engine.in_proc.read_row([src], ctx, r) for r in range(ctx.grid.rows)]
-        patches = torch.from_numpy(__import__("numpy").concatenate([r.patches for r in rows]))
+        patches = torch.from_numpy(np.concatenate([r.patches for r in rows]))
         loc = torch.tensor(ctx.model_kwargs["location_coords"]).expand(batch, 2)
-        t0 = time.perf_counter()
-        with torch.inference_mode():
-            for i in range(0, len(patches), batch):
-                chunk = patches[i : i + batch]
-                engine.model(chunk, location_coords=loc[: len(chunk)])
-        raw = time.perf_counter() - t0
+
+        def raw_forward() -> None:
+            with torch.inference_mode():
+                for i in range(0, len(patches), batch):
+                    chunk = patches[i : i + batch]
+                    engine.model(chunk, location_coords=loc[: len(chunk)])
+
+        raw, _ = timed(raw_forward)
     n = spent["patches"]
     return {
         "model": "Sen1Floods11 UperNet at tiny-TL width",
@@ -122,14 +111,23 @@ def engine_vs_forward(batch: int = 8) -> dict[str, Any]:
     }
 
 
+#: The GPU figure beside the CPU table, its source, and the command for the missing GPU rows.
+GPU_NOTE = (
+    "For scale: an H200 runs the 300M shape (1 frame; the CPU row above has 4) at 2,182 "
+    "patches/s in bf16 and about 360 in fp32 (batch 128; measured 2026-11-30 on one NVIDIA "
+    "H200, torch 2.11, CUDA 13: a Prithvi-shaped timm encoder with a small segmentation head "
+    "alone, random weights and input, no I/O). This table has no GPU rows yet: this module "
+    "measures on the CPU; on a machine with a CUDA GPU, `python -m bench.gpu` measures the "
+    "300M-TL shape there, alone and end to end (see docs/performance.md)."
+)
+
+
 def write_markdown(report: dict[str, Any]) -> None:
     m = report["machine"]
     lines = [
-        "## Prithvi forward throughput (`bench/bench_prithvi.py`)",
-        "",
         f"Encoder `forward_features` on random 224 x 224 x 6 patches (each variant's "
-        f"pretraining frame count), fp32, random weights. Machine: {m['cores']} cores "
-        f"({m['cpu']}), no GPU, torch {m['torch']}, {m['date']}. Patches per second:",
+        f"pretraining frame count), fp32, random weights. {machine_line(m, 'torch')} "
+        "Patches per second:",
         "",
         "| variant | params (M) | frames | " + " | ".join(f"batch {b}" for b in BATCHES) + " |",
         "| --- | --- | --- | " + " | ".join("---" for _ in BATCHES) + " |",
@@ -140,9 +138,7 @@ def write_markdown(report: dict[str, Any]) -> None:
     e = report["engine"]
     lines += [
         "",
-        "For scale: an H200 runs the 300M shape (1 frame; the CPU row above has 4) at 2,182 "
-        "patches/s in bf16 and about 360 in fp32 (../shared/reference/hardware_limits.md); "
-        "the GPU rows need a lent GPU machine (none was lent to this task).",
+        GPU_NOTE,
         "",
         f"Engine model step vs raw forward ({e['model']}, batch {e['batch']}, "
         f"{e['patches']} patches of the lake scene): the engine's forward passes took "
@@ -150,24 +146,15 @@ def write_markdown(report: dict[str, Any]) -> None:
         f"patches: ratio **{e['ratio']}** (goal >= 0.9). End to end, GeoTIFF in to GeoTIFF out: "
         f"{e['end_to_end_s']} s, ratio {e['end_to_end_ratio']}.",
     ]
-    update_section("prithvi", "\n".join(lines))
+    write_section("prithvi", "Prithvi forward throughput", lines)
+
+
+def main() -> None:
+    args = cli(__doc__).parse_args()
+    torch.set_num_threads(os.cpu_count() or 1)
+    report = {"engine": engine_vs_forward(), "variants": variants(), "machine": machine()}
+    publish("prithvi", report, write_markdown, docs=not args.no_docs, echo=report["engine"])
 
 
 if __name__ == "__main__":
-    torch.set_num_threads(os.cpu_count() or 1)
-    report = {
-        "engine": engine_vs_forward(),
-        "variants": variants(),
-        "machine": {
-            "cores": os.cpu_count(),
-            "cpu": platform.machine(),
-            "torch": torch.__version__,
-            "date": time.strftime("%Y-%m-%d"),
-        },
-    }
-    out = ROOT / "bench" / "results"
-    out.mkdir(exist_ok=True)
-    (out / "prithvi.json").write_text(json.dumps(report, indent=2))
-    print(json.dumps(report["engine"], indent=2))
-    if "--no-docs" not in sys.argv:
-        write_markdown(report)
+    main()

@@ -3,107 +3,63 @@
 A bounded loopback load generator (asyncio + httpx, N requests always outstanding) against
 ``geoserve serve`` with cross-request batching on, and against the same server with it off
 (each batch holds one request's patches). Requests are multipart uploads of crops of the
-bundled lake scene, mixed sizes (1 to 4 patches of 224 px), model ``bench-conv``.
+bundled lake scene, mixed sizes (1 to 4 patches of 224 px), model ``bench-conv``, on the CPU.
 
-    .venv/bin/python bench/bench_server.py           # prints JSON, updates docs/benchmarks.md
+    python -m bench.server              # prints JSON, updates docs/benchmarks.md
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
-import os
-import platform
-import socket
 import statistics
 import subprocess
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import httpx
-import numpy as np
-import rasterio
-from rasterio.io import MemoryFile
-from rasterio.windows import Window
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _docs import update_section  # noqa: E402
-from bench_engine import SCENE  # noqa: E402
+from bench.harness import (
+    ROOT,
+    cli,
+    free_port,
+    machine,
+    machine_line,
+    publish,
+    serve_command,
+    throughput,
+    wait_ready,
+    write_section,
+)
+from bench.scenes import CROP_SIZES, crops
 
-ROOT = Path(__file__).resolve().parents[1]
 LEVELS = (1, 4, 16, 64)
-SIZES = (192, 192, 300, 384)  # 1, 1, 4, 4 patches at patch 224 / stride 192
 BATCH = 2  # the fastest per patch for bench-conv on this CPU (see model_ms_per_patch)
-
-
-def crops(scene: Path = SCENE) -> list[bytes]:
-    """16 crops of ``scene`` (seed 0), 192 to 384 px, as GeoTIFF bytes."""
-    out = []
-    with rasterio.open(scene) as src:
-        rng = np.random.default_rng(0)
-        for i in range(16):
-            size = SIZES[i % len(SIZES)]
-            r = int(rng.integers(0, src.height - size))
-            c = int(rng.integers(0, src.width - size))
-            win = Window(c, r, size, size)
-            profile = {
-                **src.profile,
-                "width": size,
-                "height": size,
-                "transform": src.window_transform(win),
-            }
-            with MemoryFile() as mem:
-                with mem.open(**profile) as dst:
-                    dst.write(src.read(window=win))
-                    dst.descriptions = src.descriptions
-                out.append(bytes(mem.read()))
-    return out
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+REPEATS = 3
+# One torch thread per server: with two, OpenMP's barrier stalls whenever the reader or the
+# HTTP threads take a core, and per-patch model time swings 8-15 ms at random, which swamps
+# the effect measured here. The model-only timings below use the same setting.
+THREADS = 1
+#: ``geoserve serve`` flags shared with ``bench.trust``'s load part.
+FLAGS = ["--batch-size", str(BATCH), "--max-queued-patches", "100000", "--threads", str(THREADS)]
 
 
 def start_server(port: int, cross: bool) -> subprocess.Popen[str]:
-    args = [
-        "serve",
-        "--model",
-        "bench-conv",
-        "--port",
-        str(port),
-        "--batch-size",
-        str(BATCH),
-        "--max-queued-patches",
-        "100000",
-        "--threads",
-        str(THREADS),
-    ]
+    args = ["serve", "--model", "bench-conv", "--port", str(port), *FLAGS]
     if not cross:
         args.append("--no-cross-request-batching")
-    code = (
-        f"import sys; sys.path.insert(0, 'bench'); import bench_engine; "
-        f"from geoserve.cli import main; sys.exit(main({args!r}))"
-    )
     proc = subprocess.Popen(
-        [sys.executable, "-c", code],
+        serve_command(args, bench_models=True),
         cwd=ROOT,
         text=True,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    for _ in range(600):
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health/ready").status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    proc.kill()
-    raise RuntimeError("server did not start")
+    try:
+        wait_ready(f"http://127.0.0.1:{port}", proc, timeout_s=60)
+    except RuntimeError:
+        proc.kill()
+        raise
+    return proc
 
 
 async def load(url: str, bodies: list[bytes], concurrency: int, total: int) -> dict[str, Any]:
@@ -135,13 +91,6 @@ async def load(url: str, bodies: list[bytes], concurrency: int, total: int) -> d
     }
 
 
-REPEATS = 3
-# One torch thread per server: with two, OpenMP's barrier stalls whenever the reader or the
-# HTTP threads take a core, and per-patch model time swings 8-15 ms at random, which swamps
-# the effect measured here. The model-only timings below use the same setting.
-THREADS = 1
-
-
 def run_both(bodies: list[bytes]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Both servers up at once; at each level the modes alternate, so drift hits both."""
     ports = {True: free_port(), False: free_port()}
@@ -169,7 +118,8 @@ def run_both(bodies: list[bytes]) -> tuple[list[dict[str, Any]], list[dict[str, 
 def model_ms_per_patch() -> dict[int, float]:
     """The bare model's cost per patch at each batch size (same process, same run)."""
     import torch
-    from bench_engine import BenchConv
+
+    from bench.models import BenchConv
 
     torch.set_num_threads(THREADS)
     model = BenchConv().eval()
@@ -177,16 +127,12 @@ def model_ms_per_patch() -> dict[int, float]:
     with torch.inference_mode():
         for b in (1, 2, 4, 8, 16):
             x = torch.randn(b, 6, 224, 224)
-            model(x)
-            reps = max(2, 32 // b)
-            t0 = time.perf_counter()
-            for _ in range(reps):
-                model(x)
-            out[b] = round(1000 * (time.perf_counter() - t0) / (b * reps), 2)
+            rate = throughput(lambda x=x: model(x), per_call=b, reps=max(2, 32 // b))
+            out[b] = round(1000 / rate, 2)
     return out
 
 
-def main() -> dict[str, Any]:
+def run() -> dict[str, Any]:
     bodies = crops()
     per_patch = model_ms_per_patch()
     time.sleep(1.0)  # let the measuring process's own torch threads settle
@@ -194,32 +140,23 @@ def main() -> dict[str, Any]:
     return {
         "model": "bench-conv",
         "batch": BATCH,
-        "sizes": SIZES,
+        "sizes": CROP_SIZES,
         "batching_on": on,
         "model_ms_per_patch": per_patch,
         "batching_off": off,
-        "machine": {
-            "cores": os.cpu_count(),
-            "cpu": platform.machine(),
-            "python": sys.version.split()[0],
-            "date": time.strftime("%Y-%m-%d"),
-        },
+        "machine": machine(),
     }
 
 
 def write_markdown(report: dict[str, Any]) -> None:
-    m = report["machine"]
     lines = [
-        "## Server under load (`bench/bench_server.py`)",
-        "",
         "Loopback load generator (N requests always outstanding, asyncio + httpx) against "
         f"`geoserve serve --model bench-conv --batch-size {report['batch']}`, with "
         "cross-request batching on "
         "and off (`--no-cross-request-batching`: one request's patches per batch). Requests: "
         "multipart uploads of crops of the lake scene, 192 to 384 px (1 to 4 patches). Both "
         f"servers run side by side; at each level the modes alternate, {REPEATS} runs each, "
-        "and the median run (by req/s) is shown. "
-        f"Machine: {m['cores']} cores ({m['cpu']}), no GPU, Python {m['python']}, {m['date']}.",
+        "and the median run (by req/s) is shown. " + machine_line(report["machine"], "python"),
         "",
         "| clients | batching | requests | req/s | p50 ms | p90 ms | p99 ms |",
         "| --- | --- | --- | --- | --- | --- | --- |",
@@ -248,19 +185,26 @@ def write_markdown(report: dict[str, Any]) -> None:
         "with batch size (it rises past a few patches, out of cache). An earlier run with a "
         "cap of 16 and two torch threads lost about a third of the throughput to cache misses "
         "and OpenMP stalls, so on CPU keep `--batch-size` small and consider `--threads 1`. "
-        "On a GPU the curve goes the other way (101 vs 2,182 patches/s at batch 1 vs 128 on an "
-        "H200, ../shared/reference/hardware_limits.md): that is where cross-request batching "
-        "pays, and this benchmark's GPU run needs a lent GPU machine (none was lent to this "
-        "task).",
+        + GPU_NOTE,
     ]
-    update_section("server", "\n".join(lines))
+    write_section("server", "Server under load", lines)
+
+
+#: Where the GPU figures come from, and the command for the ones still missing.
+GPU_NOTE = (
+    "On a GPU the curve goes the other way (101 vs 2,182 patches/s at batch 1 vs 128 for the "
+    "300M shape in bf16, measured 2026-11-30 on one NVIDIA H200, torch 2.11, CUDA 13: a "
+    "Prithvi-shaped timm encoder with a small segmentation head alone, random weights and "
+    "input, no I/O): that is where cross-request batching pays. This benchmark runs its "
+    "servers on the CPU and has no GPU figures yet; on a machine with a CUDA GPU, "
+    "`python -m bench.gpu` measures the engine end to end there (see docs/performance.md)."
+)
+
+
+def main() -> None:
+    args = cli(__doc__).parse_args()
+    publish("server", run(), write_markdown, docs=not args.no_docs)
 
 
 if __name__ == "__main__":
-    report = main()
-    out = ROOT / "bench" / "results"
-    out.mkdir(exist_ok=True)
-    (out / "server.json").write_text(json.dumps(report, indent=2))
-    print(json.dumps(report, indent=2))
-    if "--no-docs" not in sys.argv:
-        write_markdown(report)
+    main()

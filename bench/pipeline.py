@@ -2,17 +2,17 @@
 
 One command runs every part, writes ``bench/results/pipeline.json``, a plot
 (``bench/results/pipeline.png``) and the ``pipeline`` section of docs/benchmarks.md; it also
-reruns ``bench_engine.py`` (engine end to end vs the pure model) so the figures come from one run:
+reruns ``bench.engine`` (engine end to end vs the pure model) so the figures come from one run:
 
-    .venv/bin/python bench/bench_pipeline.py [--quick] [--no-docs]
+    python -m bench.pipeline [--quick] [--no-docs] [--parts preprocessing,memory,peers,engine]
 
 Parts:
 
 1. Pre-processing alone on a synthetic 4096 x 4096 x 6 band uint16 scene (tiled 256, DEFLATE +
-   predictor): patches per second delivered by the naive baseline of ../shared/reference/
-   hardware_limits.md (one 224 px window read per patch, cast and normalised in numpy) against
-   geoserve's row reader (block-aligned cached row bands, patches cut in memory), with 1 and 2
-   GDAL decoding threads, and geoserve's torch cutting path on CPU tensors.
+   predictor): patches per second delivered by a naive baseline (one 224 px window read per
+   patch, cast and normalised in numpy) against geoserve's row reader (block-aligned cached
+   row bands, patches cut in memory), with 1 and 2 GDAL decoding threads, and geoserve's torch
+   cutting path on CPU tensors.
 2. Peak RSS of a whole run (GeoTIFF in, GeoTIFF out) against scene size, 6 bands, squares of
    2k to 16k pixels: geoserve streaming, geoserve holding the whole output (``streaming=False``)
    and TerraTorch's ``tiled_inference`` (which needs the scene and its output as tensors).
@@ -31,12 +31,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
-import resource
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -47,58 +44,36 @@ import rasterio
 import torch
 from torch import nn
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(ROOT))
-from _docs import update_section  # noqa: E402
-from _scenes import write_scene  # noqa: E402
-from bench_engine import BANDS, MEAN, PATCH, SCALE, STD, STRIDE, bench_patcher  # noqa: E402
-
-from geoserve import (  # noqa: E402
-    INPUT_REGISTRY,
-    MODEL_REGISTRY,
-    OUTPUT_REGISTRY,
-    Engine,
-    GeoTiffPatcher,
-    SegmentationReassembler,
+from bench import engine as engine_bench
+from bench.harness import (
+    RESULTS,
+    ROOT,
+    best_of,
+    cli,
+    machine,
+    machine_line,
+    peak_rss_mb,
+    timed,
+    write_section,
 )
+from bench.models import (
+    BANDS,
+    MEAN,
+    PATCH,
+    SCALE,
+    SIX,
+    STD,
+    STRIDE,
+    BenchConv,
+    Pointwise,
+    bench_patcher,
+    register_conv6,
+)
+from bench.scenes import LAKE, synthetic_scene
+from geoserve import Engine
 
-RESULTS = ROOT / "bench" / "results"
-SCENES = RESULTS / "scenes"
-LAKE = ROOT / "data" / "S2_L1C_T33UUU_20170216T102101_13band_10m.tif"
 SIZES = (2048, 4096, 8192, 10980, 16384)
 TERRATORCH_MAX = 8192  # larger scenes would need >10 GB as tensors on this 24 GB machine
-
-
-@MODEL_REGISTRY.register_model("bench-1x1", description="seeded 1x1 convolution (benchmark)")
-@INPUT_REGISTRY.register_input_processor(bench_patcher((0, 1, 2, 3, 4, 5)))
-@OUTPUT_REGISTRY.register_output_processor(SegmentationReassembler(classes=("land", "water")))
-class Pointwise(nn.Module):
-    """6 bands -> 2 logits per pixel: almost no arithmetic, so the pipeline shows."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.conv = nn.Conv2d(6, 2, 1)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.conv(x)
-
-
-def _bench_conv() -> nn.Module:
-    from bench_engine import BenchConv
-
-    return BenchConv().eval()
-
-
-# -- scenes ------------------------------------------------------------------------------------
-
-
-def synthetic_scene(size: int) -> Path:
-    """A size x size x 6 uint16 scene, tiled 256, DEFLATE: cached under bench/results/scenes."""
-    SCENES.mkdir(parents=True, exist_ok=True)
-    path = SCENES / f"scene_{size}.tif"
-    return path if path.exists() else write_scene(path, size, seed=size)
 
 
 # -- part 1: pre-processing alone --------------------------------------------------------------
@@ -129,14 +104,7 @@ def _naive(path: Path, threads: int) -> int:
 def _geoserve_rows(path: Path, threads: int, on_torch: bool) -> int:
     from geoserve.raster import open_raster
 
-    proc = GeoTiffPatcher(
-        bands=(0, 1, 2, 3, 4, 5),
-        scale_factor=SCALE,
-        mean=MEAN,
-        std=STD,
-        patch_size=PATCH,
-        blend="none",
-    )
+    proc = bench_patcher(SIX).replace(blend="none")  # patches side by side, no overlap
     n = 0
     with open_raster(path, threads=threads) as src:
         ctx = proc.prepare([src])
@@ -152,7 +120,7 @@ def _geoserve_rows(path: Path, threads: int, on_torch: bool) -> int:
 def preprocessing(quick: bool) -> list[dict[str, Any]]:
     from geoserve.raster.gdal_setup import limit_gdal_cache
 
-    limit_gdal_cache()  # 64 MB, as in the reference measurement and in every engine
+    limit_gdal_cache()  # 64 MB, as in every engine
     path = synthetic_scene(2048 if quick else 4096)
     cases: list[tuple[str, int, Callable[[], int]]] = [
         ("naive: window read per patch", 1, lambda: _naive(path, 1)),
@@ -163,12 +131,7 @@ def preprocessing(quick: bool) -> list[dict[str, Any]]:
     ]
     out = []
     for name, threads, fn in cases:
-        fn()  # page cache and GDAL caches warm, as in the reference measurement
-        best = float("inf")
-        for _ in range(3):
-            t0 = time.perf_counter()
-            n = fn()
-            best = min(best, time.perf_counter() - t0)
+        best, n = best_of(fn, 3)  # after a call that warms the page cache and GDAL's caches
         rate = n / best
         out.append(
             {
@@ -190,7 +153,6 @@ def preprocessing(quick: bool) -> list[dict[str, Any]]:
 def child(mode: str, src: str, dst: str, model: str) -> dict[str, Any]:
     """Run one scene end to end in this process; report wall time and peak RSS."""
     torch.set_num_threads(os.cpu_count() or 1)
-    t0 = time.perf_counter()
     if mode in ("streaming", "whole"):
         engine = Engine(
             model,
@@ -198,30 +160,25 @@ def child(mode: str, src: str, dst: str, model: str) -> dict[str, Any]:
             streaming=mode == "streaming",
             output_kind="raw" if dst.endswith(".npy") else None,
         )
-        t0 = time.perf_counter()
-        if dst.endswith(".npy"):
-            out = engine.generate_image(src, out_format="tensor").raise_for_error()
-            np.save(dst, out.outputs.tensor.numpy())
-        else:
-            engine.generate_image(src, output_path=dst).raise_for_error()
+
+        def run() -> None:
+            if dst.endswith(".npy"):
+                out = engine.generate_image(src, out_format="tensor").raise_for_error()
+                np.save(dst, out.outputs.tensor.numpy())
+            else:
+                engine.generate_image(src, output_path=dst).raise_for_error()
+
     else:
         from tests.models.prithvi.reference import load_tiled_inference
 
         tiled = load_tiled_inference()
-        net = (Pointwise() if model == "bench-1x1" else _bench_conv()).eval()
-        t0 = time.perf_counter()
-        _terratorch(src, dst, model, tiled, net)
-    wall = time.perf_counter() - t0
-    return {"mode": mode, "wall_s": round(wall, 2), "peak_rss_mb": round(_peak_rss_mb(), 1)}
+        net = (Pointwise() if model == "bench-1x1" else BenchConv()).eval()
 
+        def run() -> None:
+            _terratorch(src, dst, model, tiled, net)
 
-def _peak_rss_mb() -> float:
-    """This process's peak resident set (VmHWM: unlike ru_maxrss, not inherited on exec)."""
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    wall, _ = timed(run)
+    return {"mode": mode, "wall_s": round(wall, 2), "peak_rss_mb": round(peak_rss_mb(), 1)}
 
 
 def _terratorch(src: str, dst: str, model_name: str, tiled: Any, model: nn.Module) -> None:
@@ -257,8 +214,8 @@ def _terratorch(src: str, dst: str, model_name: str, tiled: Any, model: nn.Modul
 
 
 def run_child(mode: str, src: Path, dst: Path, model: str) -> dict[str, Any]:
-    cmd = [sys.executable, __file__, "--child", mode, str(src), str(dst), model]
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
+    cmd = [sys.executable, "-m", "bench.pipeline", "--child", mode, str(src), str(dst), model]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, cwd=ROOT)
     if res.returncode != 0:
         return {"mode": mode, "error": res.stderr.strip().splitlines()[-1][:200]}
     result: dict[str, Any] = json.loads(res.stdout.strip().splitlines()[-1])
@@ -287,7 +244,6 @@ def memory(quick: bool) -> list[dict[str, Any]]:
 
 
 def peers(quick: bool) -> list[dict[str, Any]]:
-    _bench_conv()  # registers bench-conv in this process
     scenes = [("lake scene 1536x768", LAKE)]
     if not quick:
         scenes.append(("synthetic 4096x4096", synthetic_scene(4096)))
@@ -295,7 +251,7 @@ def peers(quick: bool) -> list[dict[str, Any]]:
     for label, scene in scenes:
         model = "bench-conv" if scene == LAKE else "bench-conv-6"
         if model == "bench-conv-6":
-            _register_conv6()
+            register_conv6()
         with tempfile.TemporaryDirectory() as tmp:
             g = run_child("streaming", scene, Path(tmp) / "g.npy", model)
             t = run_child("terratorch", scene, Path(tmp) / "t.npy", "bench-conv")
@@ -317,20 +273,6 @@ def peers(quick: bool) -> list[dict[str, Any]]:
         print(row, flush=True)
         out.append(row)
     return out
-
-
-def _register_conv6() -> None:
-    """bench-conv weights behind a patcher for 6-band scenes (the synthetic ones)."""
-    if "bench-conv-6" in MODEL_REGISTRY:
-        return
-    conv = type(_bench_conv())
-    MODEL_REGISTRY.register_model("bench-conv-6")(
-        INPUT_REGISTRY.register_input_processor(bench_patcher((0, 1, 2, 3, 4, 5)))(
-            OUTPUT_REGISTRY.register_output_processor(
-                SegmentationReassembler(classes=("land", "water"))
-            )(type("BenchConv6", (conv,), {}))
-        )
-    )
 
 
 # -- report ------------------------------------------------------------------------------------
@@ -366,23 +308,16 @@ def plot(report: dict[str, Any], path: Path) -> None:
 
 
 def write_markdown(report: dict[str, Any]) -> None:
-    m = report["machine"]
-    machine = (
-        f"Machine: {m['cores']} cores ({m['cpu']}), no GPU, Python {m['python']}, "
-        f"torch {m['torch']}, GDAL {m['gdal']}, {m['date']}."
-    )
     lines = [
-        "## Pipeline (`bench/bench_pipeline.py`)",
-        "",
         "One command: pre-processing rate, peak memory against scene size, and TerraTorch's "
         "`tiled_inference` side by side; JSON in `bench/results/pipeline.json`, the plot below "
-        "in `docs/pipeline.png`. " + machine,
+        "in `docs/pipeline.png`. " + machine_line(report["machine"], "python", "torch", "gdal"),
         "",
         "![Peak memory against scene size; pre-processing rates](pipeline.png)",
         "",
         "**Pre-processing alone** (synthetic 6-band uint16 scene, tiled 256, DEFLATE; 224 px "
-        "patches without overlap, cast and normalised; GDAL block cache 64 MB as in "
-        "../shared/reference/hardware_limits.md; best of 3). With GDAL's default cache (5 % of "
+        "patches without overlap, cast and normalised; GDAL block cache 64 MB, geoserve's "
+        "default; best of 3). With GDAL's default cache (5 % of "
         "RAM, here 1.2 GB, which holds the whole decoded scene: what does not scale) the naive "
         "reads reach about 490 (1 thread) and 585 (2 threads) patches/s:",
         "",
@@ -425,24 +360,12 @@ def write_markdown(report: dict[str, Any]) -> None:
             f"{r['max_abs_diff']:.3g} / {r['max_abs_diff_interior']:.3g} | "
             f"{100 * r['class_agreement']:.4f} % |"
         )
-    update_section("pipeline", "\n".join(lines))
-
-
-def machine() -> dict[str, Any]:
-    return {
-        "cpu": platform.processor() or platform.machine(),
-        "cores": os.cpu_count(),
-        "python": sys.version.split()[0],
-        "torch": torch.__version__,
-        "gdal": rasterio.__gdal_version__,
-        "date": time.strftime("%Y-%m-%d"),
-    }
+    write_section("pipeline", "Pipeline", lines)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = cli(__doc__)
     parser.add_argument("--quick", action="store_true", help="small scenes only (a smoke run)")
-    parser.add_argument("--no-docs", action="store_true", help="do not touch docs/benchmarks.md")
     parser.add_argument(
         "--parts",
         default="preprocessing,memory,peers,engine",
@@ -451,10 +374,8 @@ def main() -> None:
     parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        if args.child[3] == "bench-conv":
-            _bench_conv()
-        elif args.child[3] == "bench-conv-6":
-            _register_conv6()
+        if args.child[3] == "bench-conv-6":
+            register_conv6()
         print(json.dumps(child(*args.child)))
         return
     RESULTS.mkdir(parents=True, exist_ok=True)
@@ -466,17 +387,14 @@ def main() -> None:
         if name in parts:
             report[name] = part(args.quick)
     if "engine" in parts:
-        import bench_engine
-
-        engine_report = bench_engine.main()
+        engine_report = engine_bench.run()
         report["engine"] = engine_report
         if not args.no_docs:
-            bench_engine.write_markdown(engine_report)
+            engine_bench.write_markdown(engine_report)
     (RESULTS / "pipeline.json").write_text(json.dumps(report, indent=2))
     plot(report, RESULTS / "pipeline.png")
     if not args.no_docs:
         plot(report, ROOT / "docs" / "pipeline.png")
-    if not args.no_docs:
         write_markdown(report)
     print(json.dumps(report, indent=2))
 

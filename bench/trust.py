@@ -4,7 +4,7 @@ Runs a real ``geoserve serve`` subprocess on 127.0.0.1 from the tree named by ``
 ``src/`` and ``plugins/geoserve-prithvi`` go first on PYTHONPATH, so that tree's code is what
 the server imports; the server reports ``geoserve.__file__``), and measures:
 
-1. Load: ``--model bench-conv`` with bench_server.py's flags (batch 2, one torch thread,
+1. Load: ``--model bench-conv`` with ``bench.server``'s flags (batch 2, one torch thread,
    admission bound 100000, cross-request batching on); multipart uploads of the same 16 lake
    crops at 16, 32 and 64 clients, each level capped at 400 requests or 20 s. Per level:
    requests, req/s, p50/p99 latency, non-200 answers, server RSS before and after.
@@ -19,9 +19,12 @@ the server imports; the server reports ``geoserve.__file__``), and measures:
 4. Worst case: on that server, waves of the costliest strips the default bounds still admit
    (one at a time at 58,000 px, four at a time at 14,500 px); the server's peak RSS.
 
+The benchmark model comes from this repository's ``bench`` package (on the server's PYTHONPATH
+after the tree's own paths), so an older tree can be measured with today's harness.
+
 Not a test: figures depend on the machine. Prints one JSON object and writes it to ``--out``.
 
-    .venv/bin/python bench/bench_trust.py --src /path/to/tree --out trust.json
+    python -m bench.trust --src /path/to/tree --out trust.json
 """
 
 from __future__ import annotations
@@ -32,7 +35,6 @@ import collections
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -48,12 +50,10 @@ import numpy as np
 from rasterio.errors import NotGeoreferencedWarning
 from rasterio.io import MemoryFile
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
-from bench_server import crops  # noqa: E402  (the same crops as the server benchmark)
+from bench.harness import ROOT, free_port, proc_mb, serve_command, wait_ready
+from bench.scenes import LAKE, crops
+from bench.server import FLAGS as BENCH_FLAGS
 
-SCENE_NAME = "S2_L1C_T33UUU_20170216T102101_13band_10m.tif"
-BENCH_FLAGS = ["--batch-size", "2", "--max-queued-patches", "100000", "--threads", "1"]
 LEVELS = (16, 32, 64)
 STRIP_WIDTH = 200_704  # 896 patches of 224 in one row: ~2.3 GB as padded float32 rows
 STRIP_BANDS = 13
@@ -76,25 +76,6 @@ def strip(width: int = STRIP_WIDTH, bands: int = STRIP_BANDS) -> bytes:
         ) as ds:
             ds.write(data)
         return bytes(mem.read())
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def proc_mb(pid: int) -> dict[str, float | None]:
-    """VmRSS and VmHWM of a process, in MB (None once it is gone)."""
-    vals: dict[str, float | None] = {"VmRSS": None, "VmHWM": None}
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            key = line.split(":", 1)[0]
-            if key in vals:
-                vals[key] = round(int(line.split()[1]) / 1024, 1)
-    except (OSError, ValueError):
-        pass
-    return vals
 
 
 def mem_available_mb() -> float:
@@ -135,23 +116,17 @@ class Server:
         self._stop = threading.Event()
 
     def start(self, rss_cap_mb: float, min_available_mb: float) -> None:
-        # As bench_server.start_server: bench/ on sys.path, `import bench_engine` registers
-        # bench-conv, then the CLI's main(). The first log line says which geoserve ran.
-        register = "sys.path.insert(0, 'bench'); import bench_engine; " if self.bench_model else ""
-        code = (
-            f"import sys; {register}import geoserve; "
-            "print('GEOSERVE_FILE', geoserve.__file__, file=sys.stderr, flush=True); "
-            f"from geoserve.cli import main; sys.exit(main({self.args!r}))"
-        )
+        # As bench.server.start_server: `import bench.models` registers bench-conv, then the
+        # CLI's main(). The first log line says which geoserve ran.
         env = dict(os.environ)
-        path = [str(self.src / "src"), str(self.src / "plugins" / "geoserve-prithvi")]
+        path = [str(self.src / "src"), str(self.src / "plugins" / "geoserve-prithvi"), str(ROOT)]
         if env.get("PYTHONPATH"):
             path.append(env["PYTHONPATH"])
         env["PYTHONPATH"] = os.pathsep.join(path)
         self.log = open(self.log_path, "wb")  # noqa: SIM115 (closed in stop())
         t0 = time.perf_counter()
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", code],
+            serve_command(self.args, bench_models=self.bench_model),
             cwd=self.src,
             env=env,
             stdout=self.log,
@@ -160,18 +135,12 @@ class Server:
         watch = threading.Thread(target=self._watch, args=(rss_cap_mb, min_available_mb))
         watch.daemon = True
         watch.start()
-        for _ in range(1200):
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited rc={self.proc.returncode}; see {self.log_path}")
-            try:
-                if httpx.get(f"{self.url}/health/ready").status_code == 200:
-                    self.startup_s = round(time.perf_counter() - t0, 2)
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        self.stop()
-        raise RuntimeError(f"server did not start; see {self.log_path}")
+        try:
+            wait_ready(self.url, self.proc, timeout_s=120, log=str(self.log_path))
+        except RuntimeError:
+            self.stop()
+            raise
+        self.startup_s = round(time.perf_counter() - t0, 2)
 
     def _watch(self, rss_cap_mb: float, min_available_mb: float) -> None:
         while not self._stop.is_set() and self.proc.poll() is None:
@@ -294,7 +263,7 @@ def log(obj: Any) -> None:
 
 
 def run_load(server: Server, bodies: list[bytes], a: argparse.Namespace) -> list[dict[str, Any]]:
-    asyncio.run(drive(server.url, bodies, 4, 8, 60))  # warm-up, as bench_server.py
+    asyncio.run(drive(server.url, bodies, 4, 8, 60))  # warm-up, as bench.server
     levels = []
     for c in LEVELS:
         before = server.mem()
@@ -432,7 +401,7 @@ def main() -> dict[str, Any]:
         "cores": os.cpu_count(),
     }
     if not skip >= {"load", "soak"}:
-        bodies = crops(src / "data" / SCENE_NAME)
+        bodies = crops(src / "data" / LAKE.name)
         server = Server(
             src, ["--model", "bench-conv", *BENCH_FLAGS], Path(f"{logs}.load.log"), True
         )
