@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Set up geoserve in ./.venv on a fresh machine: torch first (pinned; on this project's machines
-# the wheel is served from local disk), then geoserve itself with its test and server extras.
+# Set up geoserve in ./.venv on a fresh machine: torch first (pinned to the version geoserve is
+# tested with; pip takes it from the package index or a local wheel cache), then geoserve
+# itself with its test and server extras.
+
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
