@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import hashlib
 import os
 import socket
@@ -48,11 +49,8 @@ def leftovers(directory: Path) -> list[str]:
 
 @pytest.fixture
 def out_dir(tmp_path: Path) -> Iterator[OutputDir]:
-    d = OutputDir(tmp_path / "out")
-    try:
+    with contextlib.closing(OutputDir(tmp_path / "out")) as d:
         yield d
-    finally:
-        d.close()
 
 
 def test_output_dir_turning_read_only_mid_run_fails_that_request_alone(
