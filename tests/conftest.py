@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import http.server
 import io
+import itertools
 import os
 import re
 import threading
@@ -15,10 +16,14 @@ from typing import Any
 import numpy as np
 import pytest
 import rasterio
+import torch
 from affine import Affine
 from rasterio.crs import CRS
+from torch import nn
 
 import tests.stub_models  # noqa: F401  (registers the test-only models)
+from geoserve import INPUT_REGISTRY, MODEL_REGISTRY, OUTPUT_REGISTRY
+from geoserve.processors import InputProcessor, OutputProcessor
 
 #: Only the Sen1Floods11 files (not redistributable) come from outside the repository.
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
@@ -145,10 +150,18 @@ def serve_ranges(directory: Path) -> Iterator[tuple[str, list[tuple[str, str, st
         def log_message(self, *args: Any) -> None:
             pass
 
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    with http_server(Handler) as base:
+        yield base, log
+
+
+@contextmanager
+def http_server(handler: type[http.server.BaseHTTPRequestHandler]) -> Iterator[str]:
+    """A real HTTP server on 127.0.0.1 answering with ``handler`` (one thread per request, none
+    of them keeping the test process alive); yields its base URL."""
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     try:
-        yield f"http://127.0.0.1:{httpd.server_address[1]}", log
+        yield f"http://127.0.0.1:{httpd.server_address[1]}"
     finally:
         httpd.shutdown()
         httpd.server_close()
@@ -171,3 +184,74 @@ def write_bundled_corner(root: Path, size: int = 256, name: str = BUNDLED_SCENE)
             dst.write(src.read(window=((0, size), (0, size))))
             dst.descriptions = src.descriptions
     return dest
+
+
+# -- test models, registered like plugin models --------------------------------------------------
+
+
+def processors_of(model: str) -> tuple[InputProcessor, OutputProcessor]:
+    """A registered model's input and output processors, as the public registries hold them."""
+    key = MODEL_REGISTRY.get(model).key
+    return INPUT_REGISTRY.get(key), OUTPUT_REGISTRY.get(key)
+
+
+@pytest.fixture
+def register_model() -> Iterator[Callable[..., str]]:
+    """Factory: ``register_model(name, factory, input_processor, output_processor)`` registers a
+    model for this test alone (unregistered at teardown) and returns its name.
+
+    Either processor may be ``None``: a model registered without it.
+    """
+    names: list[str] = []
+
+    def register(
+        name: str,
+        factory: Callable[[], nn.Module],
+        input_processor: InputProcessor | None = None,
+        output_processor: OutputProcessor | None = None,
+    ) -> str:
+        MODEL_REGISTRY.register_model(name)(factory)
+        names.append(name)
+        if input_processor is not None:
+            INPUT_REGISTRY.register_input_processor(input_processor)(factory)
+        if output_processor is not None:
+            OUTPUT_REGISTRY.register_output_processor(output_processor)(factory)
+        return name
+
+    yield register
+    for name in names:
+        spec = MODEL_REGISTRY.remove(name)
+        for reg in (INPUT_REGISTRY, OUTPUT_REGISTRY):
+            if spec.key in reg:
+                reg.remove(spec.key)
+
+
+@pytest.fixture
+def spy_model(
+    register_model: Callable[..., str],
+) -> Callable[[str], tuple[str, list[torch.Tensor]]]:
+    """Factory: ``name, seen = spy_model("test-seg")`` registers ``name``: the same model with the
+    same processors, whose every forward pass appends (a copy of) its input batch to ``seen``.
+
+    An engine's warm-up pass is one of them: clear ``seen`` after building the engine.
+    """
+    serial = itertools.count()
+
+    def spy(model: str) -> tuple[str, list[torch.Tensor]]:
+        factory = MODEL_REGISTRY.get(model).factory
+        seen: list[torch.Tensor] = []
+
+        class Spy(nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.inner = factory()
+
+            def forward(self, x: torch.Tensor, **kwargs: torch.Tensor) -> torch.Tensor:
+                seen.append(x.detach().cpu().clone())
+                return self.inner(x, **kwargs)
+
+        n = next(serial)
+        Spy.__qualname__ = f"Spy{n}"  # (the registries key processors by qualified name)
+        return register_model(f"{model}-spy{n}", Spy, *processors_of(model)), seen
+
+    return spy

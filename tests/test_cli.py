@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 import rasterio
 
 from tests.conftest import FLOOD, LAKE, RGB, needs_shared
@@ -206,27 +207,20 @@ def test_info_says_why_a_file_does_not_fit(tmp_path):
     assert "none.tif: no such file" in missing.stderr
 
 
-def test_pipeline_knobs_leave_the_output_unchanged(tmp_path):
-    from geoserve.cli import main
-    from tests.conftest import write_geotiff
-
-    rng = np.random.default_rng(2)
-    src = write_geotiff(
-        tmp_path / "s.tif",
-        rng.integers(0, 3000, (3, 300, 260)).astype(np.uint16),
-        descriptions=["B2", "B3", "B8"],
-    )
-    ref, tuned = tmp_path / "ref.tif", tmp_path / "tuned.tif"
-    assert main(["predict", str(src), "-o", str(ref), "-m", "ndwi-water", "-q"]) == 0
-    knobs = ["--batch-size", "auto", "--read-workers", "1", "--prefetch-rows", "0"]
-    knobs += ["--preprocess", "device"]
-    assert main(["predict", str(src), "-o", str(tuned), "-m", "ndwi-water", "-q", *knobs]) == 0
-    with rasterio.open(ref) as a, rasterio.open(tuned) as b:
-        np.testing.assert_array_equal(a.read(), b.read())
-
-
-def test_predict_reads_a_url_in_place(tmp_path):
-    """`geoserve predict https://...`: the COG is read by range requests, not downloaded."""
+@pytest.mark.parametrize(
+    ("served", "extra"),
+    [
+        pytest.param(
+            False,
+            ["--batch-size", "auto", "--read-workers", "1", "--prefetch-rows", "0"]
+            + ["--preprocess", "device"],
+            id="pipeline-knobs",
+        ),
+        # `geoserve predict https://...`: the COG is read by range requests, not downloaded
+        pytest.param(True, [], id="url-read-in-place"),
+    ],
+)
+def test_predict_output_is_the_same_however_it_runs(tmp_path, served, extra):
     from geoserve.cli import main
     from tests.conftest import serve_ranges, write_geotiff
 
@@ -240,14 +234,14 @@ def test_predict_reads_a_url_in_place(tmp_path):
         blockysize=256,
         compress="deflate",
     )
-    local, remote = tmp_path / "local.tif", tmp_path / "remote.tif"
-    assert main(["predict", str(src), "-o", str(local), "-m", "ndwi-water", "-q"]) == 0
+    ref, other = tmp_path / "ref.tif", tmp_path / "other.tif"
+    assert main(["predict", str(src), "-o", str(ref), "-m", "ndwi-water", "-q"]) == 0
     with serve_ranges(tmp_path) as (base, log):
-        url = f"{base}/scene.tif"
-        assert main(["predict", url, "-o", str(remote), "-m", "ndwi-water", "-q"]) == 0
-    with rasterio.open(local) as a, rasterio.open(remote) as b:
+        scene = f"{base}/scene.tif" if served else str(src)
+        assert main(["predict", scene, "-o", str(other), "-m", "ndwi-water", "-q", *extra]) == 0
+    with rasterio.open(ref) as a, rasterio.open(other) as b:
         np.testing.assert_array_equal(a.read(), b.read())
         assert a.transform == b.transform
     gets = [entry for entry in log if entry[0] == "GET"]
-    assert len(gets) > 1
+    assert (len(gets) > 1) == served
     assert all(r is not None for _, _, r in gets)

@@ -17,6 +17,12 @@ from geoserve.errors import ConfigError
 from tests.conftest import write_geotiff
 
 
+def run_test_seg(inputs, out_dir, **kwargs):
+    """``run_batch`` of test-seg on two actors, which import the test models."""
+    options = {"model": "test-seg", "actors": 2, "imports": ["tests.stub_models"], **kwargs}
+    return run_batch(inputs, out_dir, **options)
+
+
 @pytest.fixture
 def scenes(tmp_path):
     rng = np.random.default_rng(9)
@@ -30,13 +36,7 @@ def scenes(tmp_path):
 
 def test_six_scenes_over_two_actors_equal_the_single_process_engine(ray_cluster, scenes, tmp_path):
     out_dir = tmp_path / "out"
-    summary = run_batch(
-        [str(tmp_path / "in" / "*.tif")],
-        out_dir,
-        model="test-seg",
-        actors=2,
-        imports=["tests.stub_models"],
-    )
+    summary = run_test_seg([str(tmp_path / "in" / "*.tif")], out_dir)
     assert [r.ok for r in summary.results] == [True] * 6
     assert summary.patches > 0
     assert not summary.failed
@@ -53,14 +53,7 @@ def test_corrupt_scene_reported_others_finish_and_rerun_does_no_work(ray_cluster
     bad = tmp_path / "in" / "zz_corrupt.tif"
     bad.write_bytes(b"II*\x00" + b"\x00" * 100)
     out_dir = tmp_path / "out"
-    first = run_batch(
-        [str(tmp_path / "in" / "*.tif")],
-        out_dir,
-        model="test-seg",
-        actors=2,
-        retries=1,
-        imports=["tests.stub_models"],
-    )
+    first = run_test_seg([str(tmp_path / "in" / "*.tif")], out_dir, retries=1)
     failed = first.failed
     assert [r.path for r in failed] == [str(bad)]
     assert "zz_corrupt.tif" in failed[0].error
@@ -69,13 +62,7 @@ def test_corrupt_scene_reported_others_finish_and_rerun_does_no_work(ray_cluster
     assert not (out_dir / "zz_corrupt_pred.tif").exists()
     stamps = {p: p.stat().st_mtime_ns for p in out_dir.glob("*.tif")}
     t0 = time.perf_counter()
-    second = run_batch(
-        [str(tmp_path / "in" / "*.tif")],
-        out_dir,
-        model="test-seg",
-        actors=2,
-        imports=["tests.stub_models"],
-    )
+    second = run_test_seg([str(tmp_path / "in" / "*.tif")], out_dir)
     assert sum(r.skipped for r in second.results) == 6
     assert second.patches == 0
     assert [r.path for r in second.failed] == [str(bad)]  # still reported, never dropped
@@ -88,14 +75,7 @@ def test_engine_that_cannot_start_on_the_workers_is_one_clear_error(ray_cluster,
     from geoserve.errors import GeoServeError
 
     with pytest.raises(GeoServeError, match="weights file for model 'test-seg' not found"):
-        run_batch(
-            [str(scenes[0])],
-            tmp_path / "o",
-            model="test-seg",
-            actors=1,
-            imports=["tests.stub_models"],
-            weights=tmp_path / "missing.pt",
-        )
+        run_test_seg([str(scenes[0])], tmp_path / "o", actors=1, weights=tmp_path / "missing.pt")
 
 
 def test_pattern_matching_nothing_is_an_error(tmp_path):

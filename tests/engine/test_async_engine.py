@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import numpy as np
 import pytest
+import torch
 
-from geoserve import Engine, RasterArray
+from geoserve import Engine, GeoTiffPatcher, RasterArray, RawReassembler
 from geoserve.engine.async_engine import AsyncEngine
 from geoserve.errors import PayloadTooLargeError, QueueFullError, RequestTimeoutError
 
@@ -18,9 +20,9 @@ def image(size: int, value: float = 1.0) -> RasterArray:
     return RasterArray(np.full((1, size, size), value, dtype=np.float32), PROFILE)
 
 
-def make(**kwargs) -> tuple[AsyncEngine, list[int]]:
+def make(model: str = "identity", **kwargs) -> tuple[AsyncEngine, list[int]]:
     sizes: list[int] = []
-    engine = Engine("identity", patch_size=8, stride=8, blend="none", max_batch_patches=4)
+    engine = Engine(model, patch_size=8, stride=8, blend="none", max_batch_patches=4)
     return AsyncEngine(engine, on_batch=sizes.append, **kwargs), sizes
 
 
@@ -88,9 +90,9 @@ def test_admission_bounds():
         ae.close()
 
 
-def test_timeout_drops_request():
-    ae, _ = make()
-    ae.engine.model.forward = lambda x: (__import__("time").sleep(0.05), x)[1]
+def test_timeout_drops_request(monkeypatch):
+    monkeypatch.setenv("GEOSERVE_TEST_SLOW", "0.05")
+    ae, _ = make("test-slow")  # identity, 0.05 s a forward pass
 
     async def main():
         with pytest.raises(RequestTimeoutError):
@@ -105,33 +107,29 @@ def test_timeout_drops_request():
         ae.close()
 
 
-def test_a_bug_in_output_processing_fails_the_request_not_the_loop():
-    ae, _ = make()
-    real = ae.engine.out_proc
+def test_a_bug_in_output_processing_fails_the_request_not_the_loop(register_model):
+    @dataclasses.dataclass(frozen=True)
+    class BuggyOnLarge(RawReassembler):
+        def finalize(self, data, valid, ctx):
+            if (data > 100).any():  # a bug that only large values reach
+                raise AttributeError("bug")
+            return super().finalize(data, valid, ctx)
 
-    class Broken:
-        kind = "raw"
-        out_channels = None
+    class Echo(torch.nn.Module):
+        def forward(self, x):
+            return x
 
-        def prepare_patch(self, patch):
-            return patch
+    model = register_model("test-buggy-output", Echo, GeoTiffPatcher(), BuggyOnLarge())
+    ae, _ = make(model)
 
-        def finalize(self, *args):
-            raise AttributeError("bug")
-
-    ae.engine.out_proc = Broken()
-
-    async def main():
-        return await ae.submit(image(8), request_id="x", out_format="tensor")
+    async def main(value):
+        return await ae.submit(image(8, value), request_id=f"v{value}", out_format="tensor")
 
     try:
-        out = asyncio.run(asyncio.wait_for(main(), 10))
+        out = asyncio.run(asyncio.wait_for(main(1000.0), 10))
         assert out.error is not None
         assert "output processing failed" in str(out.error)
-        ae.engine.out_proc = real
-        again = asyncio.run(
-            asyncio.wait_for(ae.submit(image(8), request_id="y", out_format="tensor"), 10)
-        )
+        again = asyncio.run(asyncio.wait_for(main(1.0), 10))
         assert again.ok
     finally:
         ae.close()

@@ -6,8 +6,8 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from geoserve import Engine, RasterArray
-from tests.conftest import read, write_geotiff
+from geoserve import MODEL_REGISTRY, Engine, RasterArray
+from tests.conftest import processors_of, read, write_geotiff
 from tests.stub_models import BOX_RADIUS
 
 
@@ -124,13 +124,15 @@ def test_tiled_equals_full_image_in_interior(make_geotiff):
     rng = np.random.default_rng(1)
     image = rng.integers(0, 50, size=(1, 97, 131)).astype(np.float32)
     engine = Engine("test-box")  # patch 32, stride 24 -> margin 4 >= radius 3
-    assert engine.in_proc.patch_size - engine.in_proc.stride >= 2 * BOX_RADIUS
+    patcher, _ = processors_of("test-box")
+    assert patcher.patch_size - patcher.stride >= 2 * BOX_RADIUS
     tiled = engine.generate_image(
         RasterArray(image, {"crs": "EPSG:32633", "transform": (10, 0, 0, 0, -10, 0)}),
         out_format="tensor",
     ).outputs.tensor.numpy()
+    box = MODEL_REGISTRY.get("test-box").factory()  # the same filter, on the whole image
     with torch.inference_mode():
-        full = engine.model(torch.from_numpy(image)[None]).numpy()[0]
+        full = box(torch.from_numpy(image)[None]).numpy()[0]
     r = BOX_RADIUS
     np.testing.assert_array_equal(tiled[:, r:-r, r:-r], full[:, r:-r, r:-r])
     assert np.abs(tiled - full).max() > 0  # the borders do differ: the test can fail
@@ -155,30 +157,30 @@ def test_output_independent_of_batch_size(make_geotiff, kind):
                 np.testing.assert_array_equal(a, b)
 
 
-def test_interleaved_requests_equal_requests_run_alone(make_geotiff):
+def test_interleaved_requests_equal_requests_run_alone(make_geotiff, spy_model):
     rng = np.random.default_rng(3)
     sizes = [(40, 40), (13, 70), (90, 21), (5, 5), (64, 48)]
     paths = [
         make_geotiff(data=rng.integers(0, 400, size=(3, h, w)).astype(np.uint16)) for h, w in sizes
     ]
-    engine = Engine("test-seg", max_batch_patches=7, output_kind="raw")
-    batches: list[set[str]] = []
-    forward = engine._forward
-
-    def spy(batch):
-        batches.append({p.request.request_id for p in batch})
-        return forward(batch)
-
-    engine._forward = spy
+    model, seen = spy_model("test-seg")
+    engine = Engine(model, max_batch_patches=7, output_kind="raw")
+    seen.clear()  # the warm-up pass
     ids = [engine.add_request(p, out_format="tensor") for p in paths]
     together = {r.request_id: r.outputs.tensor.numpy() for r in engine.run_until_done()}
-    assert any(len(b) > 1 for b in batches), "patches of several requests never shared a batch"
-    for rid, path in zip(ids, paths, strict=False):
-        alone = Engine("test-seg", output_kind="raw").generate_image(path, out_format="tensor")
+    batches = list(seen)
+    owner: dict[bytes, str] = {}  # each request's patches, as the model saw them run alone
+    for rid, path in zip(ids, paths, strict=True):
+        alone_engine = Engine(model, output_kind="raw")
+        seen.clear()
+        alone = alone_engine.generate_image(path, out_format="tensor")
+        owner.update({patch.numpy().tobytes(): rid for batch in seen for patch in batch})
         # the conv's float sums may round differently at another batch shape: ulp-level only
         np.testing.assert_allclose(
             together[rid], alone.outputs.tensor.numpy(), rtol=1e-5, atol=1e-4
         )
+    shared = [{owner[patch.numpy().tobytes()] for patch in batch} for batch in batches]
+    assert any(len(b) > 1 for b in shared), "patches of several requests never shared a batch"
 
 
 def test_segmentation_outputs_agree(make_geotiff):
@@ -273,27 +275,23 @@ def test_priority_holds_while_the_first_in_line_is_still_being_read(make_geotiff
     assert order == ["first", "late", "later"]
 
 
-def test_cross_request_batching_off_keeps_batches_to_one_request(make_geotiff):
-    paths = [make_geotiff(bands=3, height=20, width=20) for _ in range(3)]
+def test_cross_request_batching_off_keeps_batches_to_one_request(make_geotiff, spy_model):
+    # each request's pixels hold its own value, so a patch's values say whose it is
+    paths = [make_geotiff(data=np.full((3, 20, 20), i + 1, np.uint16)) for i in range(3)]
+    model, seen = spy_model("identity")
     engine = Engine(
-        "identity",
+        model,
         patch_size=8,
         stride=8,
         blend="none",
         cross_request_batching=False,
         max_batch_patches=64,
     )
-    seen: list[set[str]] = []
-    forward = engine._forward
-
-    def spy(batch):
-        seen.append({p.request.request_id for p in batch})
-        return forward(batch)
-
-    engine._forward = spy
+    seen.clear()  # the warm-up pass
     outs = engine.generate_image(paths, out_format="tensor")
     assert all(o.ok for o in outs)
-    assert all(len(ids) == 1 for ids in seen)
+    requests = [set(torch.unique(batch).tolist()) for batch in seen]
+    assert all(len(r) == 1 for r in requests)
     assert len(seen) >= 3
 
 

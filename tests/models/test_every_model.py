@@ -5,6 +5,7 @@ import pytest
 
 from geoserve import MODEL_REGISTRY, Engine, load_plugins
 from geoserve.raster import open_raster
+from tests.conftest import processors_of
 from tests.stub_models import REFUSE_THEIR_DUMMY
 
 load_plugins()
@@ -18,8 +19,9 @@ MODELS = [
 @pytest.mark.parametrize("name", MODELS)
 def test_model_runs_on_its_dummy_input(name, tmp_path):
     engine = Engine(name)
-    dummy = engine.in_proc.dummy_input(seed=1)
-    inputs = [dummy] * engine.in_proc.num_frames
+    in_proc, out_proc = processors_of(name)  # (the engine's own: no overrides)
+    dummy = in_proc.dummy_input(seed=1)
+    inputs = [dummy] * in_proc.num_frames
     out = engine.generate_image([inputs], output_path=tmp_path)[0].raise_for_error()
     with open_raster(out.outputs.path) as result:
         info = result.info
@@ -28,8 +30,8 @@ def test_model_runs_on_its_dummy_input(name, tmp_path):
         assert info.transform == dummy.profile["transform"]
         data = result.read_rows(0, info.height, list(range(info.count)))
     assert np.isfinite(data.astype(np.float64)).all()
-    expected = engine.out_proc.out_channels
-    if engine.out_proc.kind == "classes":
+    expected = out_proc.out_channels
+    if out_proc.kind == "classes":
         assert info.count == 1
         assert int(data.max()) < expected
     elif expected is not None:

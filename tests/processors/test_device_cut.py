@@ -82,8 +82,9 @@ def test_engine_outputs_equal_with_device_preprocessing(make_geotiff, model):
     for where in ("host", "device"):
         with Engine(model, preprocess=where, max_batch_patches=6) as engine:
             assert engine.preprocess == where
-            on = engine._stitch_device(engine.out_proc)  # noqa: SLF001
-            assert on == (torch.device("cpu") if where == "device" else None)
+            req = engine.prepare_request(path, out_format="tensor")  # (not admitted)
+            req.close()
+            assert req.stitch_on == (torch.device("cpu") if where == "device" else None)
             outs.append(engine.generate_image(path, out_format="tensor").outputs.tensor)
     assert outs[0].equal(outs[1])
 
@@ -123,23 +124,34 @@ def _ctx(height, width):
     )
 
 
-def test_a_failing_reduce_on_the_device_fails_the_request_alone(make_geotiff):
+def test_a_failing_reduce_on_the_device_fails_the_request_alone(make_geotiff, register_model):
     import dataclasses
 
     from geoserve import SegmentationReassembler
 
     @dataclasses.dataclass(frozen=True)
-    class Broken(SegmentationReassembler):
+    class BrokenOnLarge(SegmentationReassembler):
         def reduce_rows(self, blended):
-            raise RuntimeError("bug in reduce_rows")
+            if bool((blended.abs() > 1e5).any()):  # a bug that only large logits reach
+                raise RuntimeError("bug in reduce_rows")
+            return super().reduce_rows(blended)
 
-    src = make_geotiff(bands=3, height=40, width=40)
-    with Engine("test-seg", preprocess="device") as engine:
-        good = engine.out_proc
-        engine.out_proc = Broken(classes=good.classes)
-        failed = engine.generate_image([src], out_format="tensor")[0]
+    class Logits(torch.nn.Module):
+        def forward(self, x):
+            return torch.cat([-x, x], dim=1)
+
+    model = register_model(
+        "test-broken-reduce",
+        Logits,
+        GeoTiffPatcher(bands=(0,), patch_size=16, stride=16),
+        BrokenOnLarge(classes=("low", "high")),
+    )
+    bad = make_geotiff(data=np.full((1, 40, 40), 1e6, np.float32))
+    good = make_geotiff(bands=1, height=40, width=40)
+    with Engine(model, preprocess="device") as engine:
+        failed, fine = engine.generate_image([bad, good], out_format="tensor")
         assert failed.error is not None
         assert "output processing failed" in str(failed.error)
         assert "bug in reduce_rows" in str(failed.error)
-        engine.out_proc = good
-        assert engine.generate_image(src, out_format="tensor").ok
+        assert fine.ok
+        assert engine.generate_image(good, out_format="tensor").ok

@@ -3,58 +3,45 @@
 import pytest
 import torch
 
-from geoserve import INPUT_REGISTRY, MODEL_REGISTRY, OUTPUT_REGISTRY, Engine, GeoTiffPatcher
+from geoserve import INPUT_REGISTRY, Engine, GeoTiffPatcher
 from geoserve.errors import ProcessorMismatchError, RegistryError
 from geoserve.processors import SegmentationReassembler
 
 
-@pytest.fixture
-def cleanup():
-    names: list[str] = []
-    yield names
-    for name in names:
-        spec = MODEL_REGISTRY.remove(name)
-        for reg in (INPUT_REGISTRY, OUTPUT_REGISTRY):
-            if spec.key in reg:
-                reg.remove(spec.key)
+class Echo(torch.nn.Module):
+    def forward(self, x):
+        return x
 
 
-def test_model_without_output_processor_is_refused(cleanup):
-    @MODEL_REGISTRY.register_model("half-model")
-    @INPUT_REGISTRY.register_input_processor(GeoTiffPatcher(patch_size=8))
-    class Half(torch.nn.Module):
-        def forward(self, x):
-            return x
-
-    cleanup.append("half-model")
-    with pytest.raises(ProcessorMismatchError, match="'half-model' has no output processor;"):
-        Engine("half-model")
-
-
-def test_model_without_any_processor_is_refused(cleanup):
-    @MODEL_REGISTRY.register_model("bare-model")
-    class Bare(torch.nn.Module):
-        def forward(self, x):
-            return x
-
-    cleanup.append("bare-model")
-    with pytest.raises(
-        ProcessorMismatchError, match="has no input processor and no output processor;"
-    ):
-        Engine("bare-model")
-
-
-def test_channel_mismatch_found_at_startup(cleanup):
-    @MODEL_REGISTRY.register_model("wrong-classes")
-    @INPUT_REGISTRY.register_input_processor(GeoTiffPatcher(bands=(0, 1), patch_size=8))
-    @OUTPUT_REGISTRY.register_output_processor(SegmentationReassembler(classes=("a", "b", "c")))
-    class TwoOut(torch.nn.Module):
-        def forward(self, x):
-            return x
-
-    cleanup.append("wrong-classes")
-    with pytest.raises(ProcessorMismatchError, match="returns 2 channels .* expects 3"):
-        Engine("wrong-classes")
+@pytest.mark.parametrize(
+    ("input_processor", "output_processor", "match"),
+    [
+        pytest.param(
+            GeoTiffPatcher(patch_size=8),
+            None,
+            "'mismatched' has no output processor;",
+            id="no-output-processor",
+        ),
+        pytest.param(
+            None,
+            None,
+            "has no input processor and no output processor;",
+            id="no-processor-at-all",
+        ),
+        pytest.param(
+            GeoTiffPatcher(bands=(0, 1), patch_size=8),
+            SegmentationReassembler(classes=("a", "b", "c")),
+            "returns 2 channels .* expects 3",
+            id="channel-count-found-at-startup",
+        ),
+    ],
+)
+def test_model_that_disagrees_with_its_processors_is_refused(
+    register_model, input_processor, output_processor, match
+):
+    register_model("mismatched", Echo, input_processor, output_processor)
+    with pytest.raises(ProcessorMismatchError, match=match):
+        Engine("mismatched")
 
 
 def test_processor_registered_twice_for_one_model_is_an_error():

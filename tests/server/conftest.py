@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import socket
 import subprocess
+import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -61,6 +62,33 @@ def running_server(**overrides: object) -> Iterator[str]:
     finally:
         server.should_exit = True
         thread.join(timeout=20)
+
+
+@contextmanager
+def serve_subprocess(
+    *args: str, model: str = "identity", preexec_fn: Callable[[], None] | None = None
+) -> Iterator[tuple[str, subprocess.Popen[str]]]:
+    """``geoserve serve -m model *args`` in a subprocess on a free loopback port, once ready;
+    yields its base URL and the process (its stderr piped), and stops it on leaving."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "geoserve", "serve", "-m", model, "--port", str(port), *args],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=preexec_fn,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(url, 120, proc)
+        yield url, proc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 @pytest.fixture(scope="module")

@@ -108,24 +108,30 @@ def test_model_failure_fails_that_request_and_server_keeps_serving(tmp_path):
         assert good.status_code == 200
 
 
-def test_ready_is_503_while_loading(monkeypatch):
-    import geoserve.server.app as app_mod
-
-    real_load = app_mod._Service.load
-
-    def slow_load(self):
-        time.sleep(1.0)
-        real_load(self)
-
-    monkeypatch.setattr(app_mod._Service, "load", slow_load)
-    settings = app_mod.ServerSettings(model="test-seg", port=free_port())
+def test_ready_is_503_while_loading(register_model):
     import threading
 
+    import torch
     import uvicorn
 
+    from geoserve import GeoTiffPatcher, RawReassembler
+    from geoserve.server import ServerSettings, create_app
+
+    class SlowToLoad(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            time.sleep(1.0)  # weights on a slow disk
+
+        def forward(self, x):
+            return x
+
+    model = register_model(
+        "test-slow-to-load", SlowToLoad, GeoTiffPatcher(patch_size=16), RawReassembler()
+    )
+    settings = ServerSettings(model=model, port=free_port())
     server = uvicorn.Server(
         uvicorn.Config(
-            app_mod.create_app(settings), host="127.0.0.1", port=settings.port, log_level="warning"
+            create_app(settings), host="127.0.0.1", port=settings.port, log_level="warning"
         )
     )
     thread = threading.Thread(target=server.run, daemon=True)

@@ -125,11 +125,8 @@ class Bait:
 
 @pytest.fixture
 def bait(tmp_path: Path) -> Iterator[Bait]:
-    b = Bait(tmp_path / "bait")
-    try:
+    with contextlib.closing(Bait(tmp_path / "bait")) as b:
         yield b
-    finally:
-        b.close()
 
 
 def can_mount() -> bool:

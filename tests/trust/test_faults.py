@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import hashlib
 import os
 import socket
@@ -25,7 +26,7 @@ import pytest
 from geoserve import Engine
 from geoserve.server import ServerSettings, create_app
 from tests.conftest import read, write_geotiff
-from tests.server.conftest import free_port, running_server, wait_ready
+from tests.server.conftest import free_port, running_server, serve_subprocess, wait_ready
 from tests.trust.conftest import OutputDir, small_disk, unmount
 
 
@@ -48,11 +49,8 @@ def leftovers(directory: Path) -> list[str]:
 
 @pytest.fixture
 def out_dir(tmp_path: Path) -> Iterator[OutputDir]:
-    d = OutputDir(tmp_path / "out")
-    try:
+    with contextlib.closing(OutputDir(tmp_path / "out")) as d:
         yield d
-    finally:
-        d.close()
 
 
 def test_output_dir_turning_read_only_mid_run_fails_that_request_alone(
@@ -182,30 +180,9 @@ def test_full_disk_fails_the_python_api_and_leaves_nothing(tmp_path, full):
 def test_full_disk_fails_the_server_request_and_the_server_keeps_serving(tmp_path, full):
     disk, preexec = full
     scene(tmp_path / "s.tif", 384)
-    port = free_port()
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "geoserve",
-            "serve",
-            "-m",
-            "identity",
-            "--port",
-            str(port),
-            "--output-dir",
-            str(disk),
-            "--allowed-input-dir",
-            str(tmp_path),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        preexec_fn=preexec,  # type: ignore[arg-type]
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_ready(url, 120, proc)
+    with serve_subprocess(
+        "--output-dir", str(disk), "--allowed-input-dir", str(tmp_path), preexec_fn=preexec
+    ) as (url, _):
         body = {"data": "s.tif", "data_format": "path", "out_data_format": "path"}
         resp = httpx.post(f"{url}/v1/images", json=body, timeout=120)
         assert resp.status_code == 507, resp.text
@@ -218,9 +195,6 @@ def test_full_disk_fails_the_server_request_and_the_server_keeps_serving(tmp_pat
         assert ok.status_code == 200, ok.text
         raw = base64.b64decode(ok.json()["data"])
         assert len(raw) > 0
-    finally:
-        proc.terminate()
-        proc.wait(timeout=60)
 
 
 # -- a poisoned batch -------------------------------------------------------------------------

@@ -24,8 +24,8 @@ from rasterio.io import MemoryFile
 
 from geoserve import Engine
 from geoserve.errors import PayloadTooLargeError
-from tests.conftest import write_geotiff
-from tests.server.conftest import running_server
+from tests.conftest import http_server, write_geotiff
+from tests.server.conftest import running_server, serve_subprocess
 
 
 def strip(width: int, bands: int = 13, height: int = 1) -> bytes:
@@ -154,14 +154,8 @@ def trickle_server(
         def log_message(self, *args: Any) -> None:
             pass
 
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    httpd.daemon_threads = True
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{httpd.server_address[1]}", state
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
+    with http_server(Handler) as base:
+        yield base, state
 
 
 def test_a_trickling_url_is_cut_off_at_the_request_deadline():
@@ -267,55 +261,35 @@ def test_nan_model_outputs_are_nodata_and_counted(tmp_path, preprocess):
 
 @pytest.mark.parametrize("reads", ["download", "range"])
 def test_sigterm_with_a_trickling_input_in_flight_exits_within_the_drain(tmp_path, reads):
-    from tests.server.conftest import free_port, wait_ready
+    with (
+        trickle_server(ranges=reads == "range") as (base, state),
+        serve_subprocess(
+            "--allowed-url-domain",
+            "127.0.0.1",
+            "--url-reads",
+            reads,
+            "--shutdown-timeout",
+            "2",
+        ) as (url, proc),
+    ):
+        answers: list[httpx.Response] = []
 
-    port = free_port()
-    with trickle_server(ranges=reads == "range") as (base, state):
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "geoserve",
-                "serve",
-                "-m",
-                "identity",
-                "--port",
-                str(port),
-                "--allowed-url-domain",
-                "127.0.0.1",
-                "--url-reads",
-                reads,
-                "--shutdown-timeout",
-                "2",
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        url = f"http://127.0.0.1:{port}"
-        try:
-            wait_ready(url, 120, proc)
+        def post() -> None:
+            with contextlib.suppress(httpx.HTTPError):
+                body = {"data": f"{base}/s.tif", "data_format": "url"}
+                answers.append(httpx.post(f"{url}/v1/images", json=body, timeout=60))
 
-            answers: list[httpx.Response] = []
-
-            def post() -> None:
-                with contextlib.suppress(httpx.HTTPError):
-                    body = {"data": f"{base}/s.tif", "data_format": "url"}
-                    answers.append(httpx.post(f"{url}/v1/images", json=body, timeout=60))
-
-            client = threading.Thread(target=post, daemon=True)
-            client.start()
-            deadline = time.monotonic() + 30
-            while not state["open"]:
-                assert time.monotonic() < deadline
-                time.sleep(0.05)
-            t0 = time.monotonic()
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(timeout=60)
-            took = time.monotonic() - t0
-            client.join(timeout=10)
-        finally:
-            proc.kill()
+        client = threading.Thread(target=post, daemon=True)
+        client.start()
+        deadline = time.monotonic() + 30
+        while not state["open"]:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+        took = time.monotonic() - t0
+        client.join(timeout=10)
     # the request still in flight when the drain ran out was told so, in JSON
     assert [a.status_code for a in answers] == [503]
     assert answers[0].json()["type"] == "ShuttingDownError"

@@ -37,31 +37,33 @@ def save_lightning(model: torch.nn.Module, path) -> None:
     torch.save({"state_dict": state, "optimizer_states": [{}], "epoch": 7}, path)
 
 
-def test_normalize_keys_layouts():
+@pytest.mark.parametrize(
+    ("keys", "expected"),
+    [
+        pytest.param(
+            ["blocks.0.norm1.weight", "decoder_pred.bias", "mask_token", "pos_embed"],
+            {"encoder.blocks.0.norm1.weight", "decoder.decoder_pred.bias", "decoder.mask_token"},
+            id="mae-bare",
+        ),
+        pytest.param(
+            [
+                "model.encoder._timm_module.norm.weight",
+                "model.head.head.2.bias",
+                "model.aux_heads.x.weight",
+            ],
+            {"encoder.norm.weight", "head.head.2.bias"},
+            id="lightning-timm-wrapped",
+        ),
+        pytest.param(
+            ["backbone.cls_token", "auxiliary_head.conv.weight", "decode_head.conv_seg.weight"],
+            {"encoder.cls_token", "decode_head.conv_seg.weight"},
+            id="mmseg",
+        ),
+    ],
+)
+def test_normalize_keys_layouts(keys, expected):
     t = torch.zeros(1)
-    assert set(
-        normalize_keys(
-            {"blocks.0.norm1.weight": t, "decoder_pred.bias": t, "mask_token": t, "pos_embed": t}
-        )
-    ) == {"encoder.blocks.0.norm1.weight", "decoder.decoder_pred.bias", "decoder.mask_token"}
-    assert set(
-        normalize_keys(
-            {
-                "model.encoder._timm_module.norm.weight": t,
-                "model.head.head.2.bias": t,
-                "model.aux_heads.x.weight": t,
-            }
-        )
-    ) == {"encoder.norm.weight", "head.head.2.bias"}
-    assert set(
-        normalize_keys(
-            {
-                "backbone.cls_token": t,
-                "auxiliary_head.conv.weight": t,
-                "decode_head.conv_seg.weight": t,
-            }
-        )
-    ) == {"encoder.cls_token", "decode_head.conv_seg.weight"}
+    assert set(normalize_keys(dict.fromkeys(keys, t))) == expected
 
 
 def test_lightning_checkpoint_round_trip(tmp_path):

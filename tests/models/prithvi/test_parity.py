@@ -159,52 +159,60 @@ def reference_pipeline(ref, frames: int, decoder: str = "upernet"):
     return modules, forward
 
 
-def lightning_state(modules, timm_wrapped: bool) -> dict:
+def checkpoint_state(modules, decoder: str, timm_wrapped: bool) -> dict:
+    """The reference pipeline's weights as TerraTorch fine-tunes save them."""
     state = {}
     for k, v in modules.state_dict().items():
-        if k.startswith("neck."):
+        if k.startswith("neck.") and decoder == "upernet":
             k = "decoder." + k[len("neck.") :]  # TerraTorch 1.1 kept the scale modules here
+        elif k.startswith("neck."):
+            k = "neck.2." + k[len("neck.") :]  # the pyramid is the third neck in the checkpoints
         if timm_wrapped and k.startswith("encoder."):
             k = "encoder._timm_module." + k[len("encoder.") :]
         state["model." + k] = v
+    if decoder == "unet":
+        return {"state_dict": state}
     return {"state_dict": state, "epoch": 3, "optimizer_states": [], "hyper_parameters": {}}
 
 
-@pytest.mark.parametrize("frames", [1, 3])
-@pytest.mark.parametrize("size", [224, 200])
-@pytest.mark.parametrize("timm_wrapped", [False, True])
-def test_segmentation_logits_match(ref, tmp_path, frames, size, timm_wrapped):
-    modules, forward = reference_pipeline(ref, frames)
-    path = tmp_path / "finetune.ckpt"
-    torch.save(lightning_state(modules, timm_wrapped), path)
-    ours = load_checkpoint(path, config={"num_heads": 4, "feature_indices": (0, 1, 2, 3)})
-    x = torch.randn(2, 6, frames, size, size)
-    temporal, location = coords(2, frames)
-    with torch.inference_mode():
-        expected = forward(x, location_coords=location, temporal_coords=temporal)
-        got = ours(x, temporal_coords=temporal, location_coords=location)
-    assert got.shape == (2, 3, size, size)
-    assert float(expected.std()) > 0.1  # a live network: the comparison is not vacuous
-    assert close(got, expected)
+#: decoder -> (batch, classes) of its parity cases
+FINE_TUNES = {"upernet": (2, 3), "unet": (1, 5)}
 
 
-@pytest.mark.parametrize(("frames", "size"), [(1, 512), (3, 224), (3, 200)])
-def test_unet_logits_match(ref, tmp_path, frames, size):
-    modules, forward = reference_pipeline(ref, frames, decoder="unet")
-    state = {}
-    for k, v in modules.state_dict().items():
-        if k.startswith("neck."):
-            k = "neck.2." + k[len("neck.") :]  # the pyramid is the third neck in the checkpoints
-        state["model." + k] = v
-    path = tmp_path / "unet.ckpt"
-    torch.save({"state_dict": state}, path)
+@pytest.mark.parametrize(
+    ("decoder", "frames", "size", "timm_wrapped"),
+    [
+        *(
+            pytest.param(
+                "upernet",
+                frames,
+                size,
+                timm,
+                id=f"upernet-{frames}frames-{size}px{'-timm-wrapped' if timm else ''}",
+            )
+            for frames in (1, 3)
+            for size in (224, 200)
+            for timm in (False, True)
+        ),
+        *(
+            pytest.param("unet", frames, size, False, id=f"unet-{frames}frames-{size}px")
+            for frames, size in ((1, 512), (3, 224), (3, 200))
+        ),
+    ],
+)
+def test_fine_tune_logits_match(ref, tmp_path, decoder, frames, size, timm_wrapped):
+    batch, classes = FINE_TUNES[decoder]
+    modules, forward = reference_pipeline(ref, frames, decoder=decoder)
+    path = tmp_path / f"{decoder}.ckpt"
+    torch.save(checkpoint_state(modules, decoder, timm_wrapped), path)
     ours = load_checkpoint(path, config={"num_heads": 4, "feature_indices": (0, 1, 2, 3)})
-    assert ours.decoder.out_channels == 4
-    x = torch.randn(1, 6, frames, size, size)
-    temporal, location = coords(1, frames)
+    if decoder == "unet":
+        assert ours.decoder.out_channels == 4
+    x = torch.randn(batch, 6, frames, size, size)
+    temporal, location = coords(batch, frames)
     with torch.inference_mode():
         expected = forward(x, temporal_coords=temporal, location_coords=location)
         got = ours(x, temporal_coords=temporal, location_coords=location)
-    assert got.shape == (1, 5, size, size)
+    assert got.shape == (batch, classes, size, size)
     assert float(expected.std()) > 0.1  # a live network: the comparison is not vacuous
     assert close(got, expected)

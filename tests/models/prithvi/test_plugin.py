@@ -20,6 +20,19 @@ from tests.conftest import FLOOD, HLS, RGB, needs_shared
 TINY = dict(embed_dim=64, depth=12, num_heads=1, in_chans=6, img_size=224, patch_size=16)
 
 
+def tiny_segmentation(seed: int, num_classes: int, **kwargs) -> PrithviSegmentation:
+    """A tiny fine-tuned Prithvi with seeded random weights (one date unless told)."""
+    torch.manual_seed(seed)
+    options = {"feature_indices": (2, 5, 8, 11), "num_frames": 1, **TINY, **kwargs}
+    return PrithviSegmentation(num_classes=num_classes, **options).eval()
+
+
+def tiny_unet(seed: int, num_classes: int, **kwargs) -> PrithviSegmentation:
+    return tiny_segmentation(
+        seed, num_classes, decoder="unet", decoder_channels=[32, 16, 8, 8], **kwargs
+    )
+
+
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "geoserve", *args], capture_output=True, text=True, timeout=600
@@ -28,16 +41,9 @@ def cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 @pytest.fixture(scope="module")
 def flood_weights(tmp_path_factory) -> tuple:
-    torch.manual_seed(3)
-    model = PrithviSegmentation(
-        num_classes=2,
-        feature_indices=(2, 5, 8, 11),
-        decoder_channels=32,
-        num_frames=1,
-        coords_encoding=("time", "location"),
-        coords_scale_learn=True,
-        **TINY,
-    ).eval()
+    model = tiny_segmentation(
+        3, 2, decoder_channels=32, coords_encoding=("time", "location"), coords_scale_learn=True
+    )
     with torch.no_grad():  # make the two classes compete: a strong, input-dependent head
         model.head.head[2].weight.mul_(50)
     path = tmp_path_factory.mktemp("w") / "Prithvi-EO-V2-300M-TL-Sen1Floods11.pt"
@@ -148,17 +154,9 @@ def test_mae_reconstruction_three_dates(tmp_path):
 def test_crops_three_dates_with_coordinates(tmp_path):
     from tests.conftest import write_geotiff
 
-    torch.manual_seed(5)
-    model = PrithviSegmentation(
-        num_classes=13,
-        feature_indices=(2, 5, 8, 11),
-        decoder="unet",
-        decoder_channels=[32, 16, 8, 8],
-        num_frames=3,
-        coords_encoding=("time", "location"),
-        coords_scale_learn=True,
-        **TINY,
-    ).eval()
+    model = tiny_unet(
+        5, 13, num_frames=3, coords_encoding=("time", "location"), coords_scale_learn=True
+    )
     weights = tmp_path / "crops.ckpt"
     state = {}
     for k, v in model.state_dict().items():
@@ -208,15 +206,7 @@ def test_crops_three_dates_with_coordinates(tmp_path):
 
 
 def test_burnscars_unet_checkpoint_runs(tmp_path, flood_weights):
-    torch.manual_seed(6)
-    model = PrithviSegmentation(
-        num_classes=2,
-        feature_indices=(2, 5, 8, 11),
-        decoder="unet",
-        decoder_channels=[32, 16, 8, 8],
-        num_frames=1,
-        **TINY,
-    ).eval()
+    model = tiny_unet(6, 2)
     weights = tmp_path / "burn.pt"
     torch.save({f"model.{k}": v for k, v in model.state_dict().items()}, weights)
     engine = Engine("prithvi-eo2-300m-burnscars", weights=weights, patch_size=224, stride=192)
