@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from geoserve.engine.delivery import output_paths
 from geoserve.errors import ConfigError, GeoServeError, PluginLoadError
+from geoserve.raster.sinks import output_paths
 
 
 @dataclass(frozen=True)

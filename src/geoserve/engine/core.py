@@ -33,7 +33,7 @@ import torch
 from einops import rearrange
 from numpy.typing import NDArray
 
-from geoserve.engine.delivery import ArraySink, OutputSink, make_sink, output_paths
+from geoserve.engine.canvas import RowBand
 from geoserve.engine.limits import (
     DEFAULT_MAX_PATCHES,
     MB,
@@ -54,10 +54,10 @@ from geoserve.errors import (
     count,
 )
 from geoserve.processors.base import InputProcessor, OutputProcessor, RasterContext
-from geoserve.processors.canvas import RowBand
 from geoserve.processors.patcher import GeoTiffPatcher
 from geoserve.raster.dates import DateLike, dates_per_item, request_dates
 from geoserve.raster.gdal_setup import default_read_workers, limit_gdal_cache
+from geoserve.raster.sinks import ArraySink, OutputSink, make_sink, output_paths
 from geoserve.raster.source import DataFormat, RasterArray, RasterLike, open_raster
 from geoserve.raster.trust import DEFAULT_INPUT_FORMATS, check_formats
 from geoserve.raster.write import OutputRaster

@@ -22,12 +22,12 @@ import numpy as np
 import torch
 from numpy.typing import NDArray
 
-from geoserve.engine.delivery import OutputSink
+from geoserve.engine.canvas import Canvas
 from geoserve.engine.prefetch import RowPrefetcher
 from geoserve.errors import GeoServeError
 from geoserve.processors.base import InputProcessor, OutputProcessor, PatchRow, RasterContext
-from geoserve.processors.canvas import Canvas
 from geoserve.processors.patcher import GeoTiffPatcher
+from geoserve.raster.sinks import OutputSink
 from geoserve.raster.source import RasterSource
 from geoserve.schemas import OutFormat, StageTimings
 
