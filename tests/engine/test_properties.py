@@ -163,13 +163,13 @@ def test_interleaved_requests_equal_requests_run_alone(make_geotiff):
     ]
     engine = Engine("test-seg", max_batch_patches=7, output_kind="raw")
     batches: list[set[str]] = []
-    forward = engine._forward
+    forward = engine.runner.forward
 
     def spy(batch):
         batches.append({p.request.request_id for p in batch})
         return forward(batch)
 
-    engine._forward = spy
+    engine.runner.forward = spy
     ids = [engine.add_request(p, out_format="tensor") for p in paths]
     together = {r.request_id: r.outputs.tensor.numpy() for r in engine.run_until_done()}
     assert any(len(b) > 1 for b in batches), "patches of several requests never shared a batch"
@@ -284,13 +284,13 @@ def test_cross_request_batching_off_keeps_batches_to_one_request(make_geotiff):
         max_batch_patches=64,
     )
     seen: list[set[str]] = []
-    forward = engine._forward
+    forward = engine.runner.forward
 
     def spy(batch):
         seen.append({p.request.request_id for p in batch})
         return forward(batch)
 
-    engine._forward = spy
+    engine.runner.forward = spy
     outs = engine.generate_image(paths, out_format="tensor")
     assert all(o.ok for o in outs)
     assert all(len(ids) == 1 for ids in seen)

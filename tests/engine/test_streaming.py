@@ -73,7 +73,7 @@ def test_rows_are_written_before_the_scene_is_finished(make_geotiff, tmp_path):
         written_early = False
         while engine.has_unfinished():
             engine.step()
-            req = engine._active[0] if engine._active else None
+            req = engine.scheduler.active[0] if engine.scheduler.active else None
             if req is not None and req.sink.meta is not None and req.rows_left:
                 written_early = True
         assert written_early
@@ -89,7 +89,9 @@ def test_cancelled_request_leaves_no_file(make_geotiff, tmp_path, monkeypatch):
         rid = engine.add_request(src, output_path=out_dir / "o.tif")
         for _ in range(30):
             engine.step()
-        assert engine._active[0].sink.meta is not None  # rows were written to the temp file
+        assert (
+            engine.scheduler.active[0].sink.meta is not None
+        )  # rows were written to the temp file
         assert any(out_dir.iterdir())
         assert engine.abort_request(rid)
     assert list(out_dir.iterdir()) == []
