@@ -16,9 +16,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from pathlib import Path
-from typing import cast
-
-import torch
+from typing import TYPE_CHECKING, cast
 
 from geoserve.engine.limits import check_request, warn_if_disk_short
 from geoserve.engine.request import Request
@@ -30,6 +28,9 @@ from geoserve.raster.sinks import make_sink
 from geoserve.raster.source import DataFormat, RasterLike, open_raster
 from geoserve.registry import ModelSpec
 from geoserve.schemas import OUT_FORMATS, ImageRequestOutput, OutFormat
+
+if TYPE_CHECKING:
+    import torch
 
 ImageInput = RasterLike | Sequence[RasterLike]
 
