@@ -55,7 +55,7 @@ def model_only(engine: Engine, patches: int, batch: int) -> float:
     """Patches/s of the engine's (compiled, autocast) module on random on-device patches."""
     device = engine.device
     x = torch.randn(batch, 6, 224, 224, device=device)
-    autocast = engine._autocast  # noqa: SLF001 - the very same autocast the engine uses
+    autocast = engine.runner.autocast  # the very same autocast the engine uses
 
     def sync() -> None:
         if device.type == "cuda":

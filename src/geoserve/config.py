@@ -218,7 +218,7 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
 def _load_yaml(text: str) -> Any:
     import yaml
 
-    class PlainLoader(yaml.SafeLoader):
+    class PlainLoader(yaml.SafeLoader):  # type: ignore[misc]  # (PyYAML ships no types)
         """SafeLoader without aliases."""
 
         def compose_node(self, parent: Any, index: Any) -> Any:

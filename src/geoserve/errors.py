@@ -99,8 +99,16 @@ class ModelExecutionError(GeoServeError, RuntimeError):
     """Raised (per request) when the model's forward pass failed on a batch holding its patches."""
 
 
+class ReadError(GeoServeError, RuntimeError):
+    """Raised (per request) when reading a request's input failed in an unexpected way.
+
+    A known bad input is a :class:`RasterReadError` or :class:`InputError`; this wraps anything
+    else (a bug in an input processor, say), naming the input.
+    """
+
+
 class OutputWriteError(GeoServeError, OSError):
-    """Raised when an output GeoTIFF cannot be written, finished or verified."""
+    """Raised when an output cannot be processed, written, finished or verified."""
 
 
 class OutputSpaceError(OutputWriteError):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,12 +13,14 @@ import pytest
 def ray_cluster() -> Iterator[None]:
     import ray
 
-    root = str(Path(__file__).resolve().parents[2])  # so workers can import tests.stub_models
+    root = Path(__file__).resolve().parents[2]
+    # workers import this checkout's geoserve (whatever copy is installed) and tests.stub_models
+    path = os.pathsep.join([str(root / "src"), str(root)])
     ray.init(
         num_cpus=2,
         include_dashboard=False,
         log_to_driver=False,
-        runtime_env={"env_vars": {"PYTHONPATH": root}},
+        runtime_env={"env_vars": {"PYTHONPATH": path}},
     )
     yield
     ray.shutdown()

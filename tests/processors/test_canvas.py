@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from geoserve.processors.canvas import Canvas
+from geoserve.engine.canvas import Canvas
 from geoserve.raster.grid import PatchGrid
 
 

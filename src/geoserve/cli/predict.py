@@ -145,7 +145,7 @@ def _check_layout(args: argparse.Namespace, frames: int) -> None:
 
 def _predict_all(engine: Any, args: argparse.Namespace, skip: set[str]) -> int:
     """Run every input (but those in ``skip``, already reported unreadable); 1 if any failed."""
-    from geoserve.engine.delivery import output_paths
+    from geoserve.raster.sinks import output_paths
 
     out = Path(args.output)
     items: list[Any] = [list(args.inputs)] if args.time_series else list(args.inputs)

@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from geoserve.config import EngineConfig
-from geoserve.engine.delivery import output_paths
 from geoserve.errors import ConfigError, GeoServeError, PluginLoadError
+from geoserve.raster.sinks import output_paths
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from geoserve.engine.core import Engine, ImageInput
+from geoserve.engine.admission import ImageInput
+from geoserve.engine.core import Engine
 from geoserve.engine.heap import trim_heap
 from geoserve.engine.limits import check_request
 from geoserve.engine.request import Request

@@ -2,6 +2,10 @@
 
 Everything per request lives here (and in its frozen :class:`RasterContext`), never on a
 processor, so one processor instance serves any number of concurrent requests.
+
+Two kinds: a :class:`Request` (a raster in, an output raster out, through its output
+processor) and a :class:`TensorRequest` (:meth:`Engine.transform`: a tensor in, the model's
+blended raw values out). The engine treats both alike; what differs is asked of the request.
 """
 
 from __future__ import annotations
@@ -22,14 +26,20 @@ import numpy as np
 import torch
 from numpy.typing import NDArray
 
-from geoserve.engine.delivery import OutputSink
+from geoserve.engine.canvas import Canvas, RowBand
 from geoserve.engine.prefetch import RowPrefetcher
 from geoserve.errors import GeoServeError
 from geoserve.processors.base import InputProcessor, OutputProcessor, PatchRow, RasterContext
-from geoserve.processors.canvas import Canvas
-from geoserve.processors.patcher import GeoTiffPatcher
+from geoserve.raster.sinks import OutputSink
 from geoserve.raster.source import RasterSource
-from geoserve.schemas import OutFormat, StageTimings
+from geoserve.raster.write import OutputRaster
+from geoserve.schemas import (
+    ImageOutput,
+    ImageRequestOutput,
+    OutFormat,
+    StageTimings,
+    TensorRequestOutput,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -46,11 +56,7 @@ class Patch:
 
 @dataclass
 class Request:
-    """A request admitted into the engine (see the module docstring).
-
-    ``tensor_shape`` is set for :meth:`Engine.transform` requests: the (C, T) shape patches are
-    unfolded to before the model, and the result stays a tensor instead of becoming a raster.
-    """
+    """A raster request admitted into the engine (see the module docstring)."""
 
     request_id: str
     sources: Sequence[RasterSource]
@@ -59,7 +65,6 @@ class Request:
     out_proc: OutputProcessor
     out_format: OutFormat = "path"
     output_path: Path | None = None
-    tensor_shape: tuple[int, ...] | None = None
     canvas: Canvas = field(init=False)
     sink: OutputSink | None = None
     writes: deque[Future[None]] = field(default_factory=deque)
@@ -88,7 +93,7 @@ class Request:
         )
 
     def _read_row(self, row: int) -> PatchRow:
-        if self.cut_on is not None and isinstance(self.in_proc, GeoTiffPatcher):
+        if self.cut_on is not None:
             return self.in_proc.read_row_on(self.sources, self.ctx, row, self.cut_on)
         return self.in_proc.read_row(self.sources, self.ctx, row)
 
@@ -186,14 +191,19 @@ class Request:
     @property
     def signature(self) -> tuple[Any, ...]:
         """What must match for patches to share a batch: patch shape and model arguments."""
-        p = self.ctx.grid.patch_size
-        if self.tensor_shape is not None:
-            shape: tuple[int, ...] = (*self.tensor_shape, p, p)
-        elif self.in_proc.num_frames > 1:
-            shape = (len(self.ctx.bands), self.in_proc.num_frames, p, p)
-        else:
-            shape = (len(self.ctx.bands), p, p)
-        return shape, tuple(sorted(self.ctx.model_kwargs))
+        return self.patch_shape(self.ctx.grid.patch_size), tuple(sorted(self.ctx.model_kwargs))
+
+    def patch_shape(self, p: int) -> tuple[int, ...]:
+        """The shape of one model input patch: (C, P, P), or (C, T, P, P) for T dates."""
+        if self.in_proc.num_frames > 1:
+            return (len(self.ctx.bands), self.in_proc.num_frames, p, p)
+        return (len(self.ctx.bands), p, p)
+
+    def _model_layout(
+        self, patches: NDArray[np.float32] | torch.Tensor
+    ) -> NDArray[np.float32] | torch.Tensor:
+        """A row's patches as the model takes them (the input processor's layout)."""
+        return patches
 
     def pop_patch(self, wait: bool = True) -> Patch | None:
         """The next patch, reading grid rows as needed; None when no patches remain.
@@ -211,10 +221,7 @@ class Request:
             row = self._rows.next()  # read ahead on the reader pool while the model runs
             self.canvas.expect(row.row, len(row.cols), row.core_valid)
             self.next_row += 1
-            patches = row.patches
-            if self.tensor_shape is not None and len(patches):
-                patches = patches.reshape(len(patches), *self.tensor_shape, *patches.shape[-2:])
-            for col, data in zip(row.cols, patches, strict=False):
+            for col, data in zip(row.cols, self._model_layout(row.patches), strict=False):
                 self.queue.append(Patch(self, row.row, col, data))
             self.num_patches += len(row.cols)
             self.skipped += self.ctx.grid.cols - len(row.cols)
@@ -223,6 +230,24 @@ class Request:
             return None
         self.in_flight += 1
         return self.queue.popleft()
+
+    # -- what its output is ----------------------------------------------------------------
+
+    def row_reducer(self) -> Callable[[torch.Tensor], torch.Tensor] | None:
+        """What runs on finished rows stitched on the device before they are copied back."""
+        return getattr(self.out_proc, "reduce_rows", None)  # duck-typed processors may lack it
+
+    def to_raster(self, band: RowBand) -> OutputRaster:
+        """One band of finished rows as output values (on the writer thread)."""
+        return self.out_proc.finalize(band.data, band.valid, self.ctx)
+
+    def result(
+        self, output: ImageOutput | None = None, error: GeoServeError | None = None
+    ) -> ImageRequestOutput | TensorRequestOutput:
+        """The request's finished outcome: its committed ``output``, or the ``error``."""
+        return ImageRequestOutput(
+            self.request_id, True, output, error, self.num_patches, self.timings
+        )
 
     def close(self) -> None:
         """Release inputs, queued patches and any unfinished output.
@@ -251,6 +276,47 @@ class Request:
         self.queue.clear()
         if interrupted is not None:
             raise interrupted
+
+
+@dataclass
+class TensorRequest(Request):
+    """A request of :meth:`Engine.transform`: a tensor in, the blended raw output back.
+
+    The tensor is already normalised, and no output processor runs on the model's output.
+
+    ``tensor_shape`` is the (C, T) shape its patches are unfolded to before the model (they
+    are read as one raster of C x T bands).
+    """
+
+    tensor_shape: tuple[int, ...] = ()
+
+    def patch_shape(self, p: int) -> tuple[int, ...]:
+        """(*tensor_shape, P, P)."""
+        return (*self.tensor_shape, p, p)
+
+    def _model_layout(
+        self, patches: NDArray[np.float32] | torch.Tensor
+    ) -> NDArray[np.float32] | torch.Tensor:
+        if not len(patches):
+            return patches
+        return patches.reshape(len(patches), *self.tensor_shape, *patches.shape[-2:])
+
+    def row_reducer(self) -> None:
+        """None: raw values come back unreduced."""
+        return
+
+    def to_raster(self, band: RowBand) -> OutputRaster:
+        """The blended values as they are."""
+        return OutputRaster(band.data)
+
+    def result(
+        self, output: ImageOutput | None = None, error: GeoServeError | None = None
+    ) -> TensorRequestOutput:
+        """The outcome as a :class:`TensorRequestOutput` (the output's tensor)."""
+        tensor = output.tensor if output is not None else None
+        return TensorRequestOutput(
+            self.request_id, True, tensor, error, self.num_patches, self.timings
+        )
 
 
 def _settle(fut: Future[None]) -> None:

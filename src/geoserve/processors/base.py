@@ -106,6 +106,35 @@ class InputProcessor(ABC, Configurable):
     def read_row(self, sources: Sequence[RasterSource], ctx: RasterContext, row: int) -> PatchRow:
         """Read and normalise the patches of grid row ``row``."""
 
+    def read_row_on(
+        self,
+        sources: Sequence[RasterSource],
+        ctx: RasterContext,
+        row: int,
+        device: torch.device,
+    ) -> PatchRow:
+        """:meth:`read_row`, cutting the patches on ``device`` where this processor can.
+
+        The engine calls it with ``preprocess="device"``. By default the patches are cut on
+        the host (numpy, as :meth:`read_row`), which the engine takes as well; a processor
+        that can cast, normalise and cut in torch overrides it.
+        """
+        return self.read_row(sources, ctx, row)
+
+    def for_tensors(self) -> InputProcessor:
+        """The processor for already-normalised tensors (:meth:`Engine.transform`).
+
+        It cuts them on this processor's grid (patch size, stride, blend) and changes no value:
+        every band, no scaling, no nodata.
+        """
+        from geoserve.processors.patcher import GeoTiffPatcher  # (it builds on this module)
+
+        return GeoTiffPatcher(
+            patch_size=self.patch_size,
+            stride=self.stride,
+            blend=self.blend,  # type: ignore[arg-type]
+        )
+
     @abstractmethod
     def dummy_input(self, seed: int = 0) -> RasterArray:
         """A tiny synthetic raster this processor accepts (for warm-up and tests)."""

@@ -26,7 +26,7 @@ from fastapi.responses import JSONResponse, Response
 
 from geoserve.engine import Engine
 from geoserve.engine.async_engine import AsyncEngine
-from geoserve.engine.core import AUTO_MAX_BATCH
+from geoserve.engine.runner import AUTO_MAX_BATCH
 from geoserve.errors import (
     ConfigError,
     ForbiddenInputError,

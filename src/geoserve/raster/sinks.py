@@ -1,7 +1,7 @@
-"""Where a request's finished output rows go, in the form the request asked for.
+"""Output sinks: where a request's finished output rows go, in the form the request asked for.
 
 The engine hands each band of finished rows to the request's :class:`OutputSink` as soon as the
-rows are final (see :mod:`geoserve.processors.canvas`), so a scene never has to fit in memory.
+rows are final (see :mod:`geoserve.engine.canvas`), so a scene never has to fit in memory.
 ``path`` streams into a tiled GeoTIFF under a temporary name, renamed into place only when the
 last row is in; ``b64`` and ``bytes`` stream into an in-memory GeoTIFF; ``tensor`` fills one
 array. :meth:`OutputSink.abort` (a failed or cancelled request) leaves nothing behind.
@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 from numpy.typing import NDArray
 
 from geoserve.raster.write import OutputRaster, RowWriter
@@ -106,6 +105,8 @@ class ArraySink(OutputSink):
 
     def commit(self, out_format: OutFormat) -> ImageOutput:
         """The array as a tensor."""
+        import torch  # (only here: the raster package does not import torch)
+
         assert self.array is not None
         out = self._described(out_format)
         out.tensor = torch.from_numpy(self.array)

@@ -1,0 +1,223 @@
+"""Admission: a request's inputs opened and checked, and its :class:`Request` built.
+
+Nothing here reads a pixel: each input is opened (headers only, through the allowed drivers),
+the input processor plans the request (:meth:`InputProcessor.prepare`: bands, dates, grid,
+model arguments), the output sink is made, and the size guards of
+:mod:`geoserve.engine.limits` run. :class:`Admission` holds the :class:`Engine` methods that
+do it (``prepare_request``, ``admit``, ``add_request``); ``Engine`` derives from it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import tempfile
+import uuid
+from collections.abc import Callable, Sequence
+from concurrent.futures import Executor
+from pathlib import Path
+from typing import TYPE_CHECKING, cast
+
+from geoserve.engine.limits import check_request, warn_if_disk_short
+from geoserve.engine.request import Request
+from geoserve.engine.scheduler import Scheduler
+from geoserve.errors import BandMismatchError, ConfigError, GeoServeError
+from geoserve.processors.base import InputProcessor, OutputProcessor
+from geoserve.raster.dates import DateLike, request_dates
+from geoserve.raster.sinks import make_sink
+from geoserve.raster.source import DataFormat, RasterLike, open_raster
+from geoserve.registry import ModelSpec
+from geoserve.schemas import OUT_FORMATS, ImageRequestOutput, OutFormat
+
+if TYPE_CHECKING:
+    import torch
+
+ImageInput = RasterLike | Sequence[RasterLike]
+
+
+class Admission:
+    """The admission half of :class:`Engine`; the attributes below are the engine's."""
+
+    spec: ModelSpec
+    in_proc: InputProcessor
+    out_proc: OutputProcessor
+    device: torch.device
+    preprocess: str
+    read_workers: int
+    prefetch_rows: int
+    allowed_formats: tuple[str, ...]
+    max_patches: int | None
+    max_request_bytes: int | None
+    cog: bool
+    scheduler: Scheduler
+    _output_dir: Path | None
+    _reader: Executor | None
+
+    @property
+    def output_dir(self) -> Path:
+        """Directory for outputs without an explicit path (a temporary one by default)."""
+        if self._output_dir is None:
+            self._output_dir = Path(tempfile.mkdtemp(prefix="geoserve-"))
+        return self._output_dir
+
+    def _new_request(
+        self,
+        inputs: Sequence[RasterLike],
+        request_id: str,
+        out_format: OutFormat,
+        output_path: Path | None,
+        data_format: DataFormat = "auto",
+        in_proc: InputProcessor | None = None,
+        out_proc: OutputProcessor | None = None,
+        priority: int = 0,
+        dates: Sequence[dt.date | None] | None = None,
+        kind: Callable[..., Request] = Request,
+    ) -> Request:
+        """Open and check the inputs and build the request (``kind``: its type)."""
+        proc = in_proc or self.in_proc
+        sources = []
+        try:
+            for i, item in enumerate(inputs):
+                src = open_raster(
+                    item, data_format, threads=self.read_workers, formats=self.allowed_formats
+                )
+                sources.append(src)
+                if dates is not None and dates[i] is not None:  # given: wins over tags and name
+                    src.info = dataclasses.replace(src.info, date=dates[i])
+            ctx = proc.prepare(sources)
+            path = None
+            if out_format == "path":
+                path = output_path or self.output_dir / f"{request_id}.tif"
+            grid = ctx.grid
+            sink = make_sink(out_format, path, ctx.profile, grid.height, grid.width, cog=self.cog)
+        except BaseException as exc:
+            for src in sources:
+                src.close()
+            wanted = getattr(proc, "bands", None)
+            if isinstance(exc, BandMismatchError) and wanted:
+                raise BandMismatchError(
+                    f"{exc}; model {self.spec.name!r} reads bands "
+                    f"{', '.join(map(str, wanted))} (choose others with --bands on the command "
+                    "line, bands= in Python or options.bands over HTTP)"
+                ) from exc
+            raise
+        req = kind(
+            request_id,
+            sources,
+            ctx,
+            proc,
+            out_proc or self.out_proc,
+            out_format,
+            output_path,
+            sink=sink,
+            reader=self._reader,
+            prefetch_rows=self.prefetch_rows,
+            cut_on=self.device if self.preprocess == "device" else None,
+            stitch_on=self._stitch_device(out_proc or self.out_proc),
+            priority=priority,
+        )
+        try:
+            check_request(req, self.max_patches, self.max_request_bytes)
+            if path is not None:
+                warn_if_disk_short(path, req)
+        except BaseException:
+            req.close()
+            raise
+        return req
+
+    def _stitch_device(self, out_proc: OutputProcessor) -> torch.device | None:
+        """Where a request's canvas lives: on the device with ``preprocess="device"``.
+
+        Not when its output processor hooks into each patch (``prepare_patch`` takes numpy).
+        """
+        if self.preprocess != "device":
+            return None
+        if getattr(type(out_proc), "prepare_patch", None) is not OutputProcessor.prepare_patch:
+            return None
+        return self.device
+
+    def prepare_request(
+        self,
+        inputs: ImageInput,
+        *,
+        request_id: str | None = None,
+        output_path: str | Path | None = None,
+        out_format: OutFormat = "path",
+        data_format: DataFormat = "auto",
+        bands: Sequence[int | str] | None = None,
+        output_kind: str | None = None,
+        priority: int = 0,
+        dates: DateLike | Sequence[DateLike] | None = None,
+    ) -> Request:
+        """Open and check one request's inputs (headers only, no pixels) without admitting it.
+
+        Safe to call from any thread: it reads the engine's configuration and nothing else.
+        ``bands`` and ``output_kind`` override the model's defaults for this request only.
+        ``dates`` gives the acquisition date of each input (ISO strings, ``date`` or
+        ``datetime`` objects, one per input; ``None`` for one: from its tags or file name),
+        for models that take dates; they win over the inputs' tags and file names.
+
+        Raises:
+            GeoServeError: a subclass naming the file, band or field at fault.
+        """
+        if out_format not in OUT_FORMATS:
+            raise ConfigError(
+                f"invalid out_format {out_format!r}; choose one of {', '.join(OUT_FORMATS)}"
+            )
+        items = cast(
+            list[RasterLike], list(inputs) if isinstance(inputs, list | tuple) else [inputs]
+        )
+        in_proc = self.in_proc.replace(bands=tuple(bands)) if bands is not None else None
+        out_proc = self.out_proc.for_kind(output_kind) if output_kind else None
+        path = Path(output_path) if output_path is not None else None
+        rid = request_id or uuid.uuid4().hex[:12]
+        when = request_dates(dates, len(items))
+        return self._new_request(
+            items,
+            rid,
+            out_format,
+            path,
+            data_format,
+            in_proc,
+            out_proc,
+            priority=priority,
+            dates=when,
+        )
+
+    def admit(self, request: Request) -> None:
+        """Queue a prepared request: lower ``priority`` first, then arrival order."""
+        self.scheduler.admit(request)
+
+    def add_request(
+        self,
+        inputs: ImageInput,
+        *,
+        request_id: str | None = None,
+        output_path: str | Path | None = None,
+        out_format: OutFormat = "path",
+        data_format: DataFormat = "auto",
+        priority: int = 0,
+        dates: DateLike | Sequence[DateLike] | None = None,
+    ) -> str:
+        """Admit one request; its patches join the next batches. Returns the request id.
+
+        ``inputs`` is one raster, or a list of rasters as the dates of one place; ``dates``
+        their acquisition dates, as for :meth:`prepare_request`. A request whose input cannot
+        be opened is not raised here: it comes back, failed, from the next :meth:`step`.
+        """
+        rid = request_id or uuid.uuid4().hex[:12]
+        try:
+            req = self.prepare_request(
+                inputs,
+                request_id=rid,
+                output_path=output_path,
+                out_format=out_format,
+                data_format=data_format,
+                priority=priority,
+                dates=dates,
+            )
+        except GeoServeError as exc:
+            self.scheduler.failed.append(ImageRequestOutput(rid, finished=True, error=exc))
+            return rid
+        self.admit(req)
+        return rid

@@ -1,0 +1,112 @@
+"""The output stage: model outputs into canvases, finished rows to the writer, outputs committed.
+
+After each forward pass :meth:`OutputStage.stitch` places every output patch on its request's
+:class:`~geoserve.engine.canvas.Canvas` (through the output processor's ``prepare_patch`` hook
+on the host; as a tensor when the canvas is on the device). After each step
+:meth:`OutputStage.emit` takes the rows no later patch can change and queues them on the one
+writer thread, which turns them into output values (:meth:`Request.to_raster`) and hands them
+to the request's sink; at most :data:`MAX_PENDING_WRITES` bands wait per request before the
+model loop waits for the writer (back-pressure). :meth:`OutputStage.finish` waits for the last
+writes and commits the output. Anything that goes wrong here fails its request alone.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from geoserve.engine.canvas import RowBand
+from geoserve.engine.failures import FINISH, STITCH, WRITE, Fail, isolate, request_error
+from geoserve.engine.request import Request
+from geoserve.engine.runner import BatchOutput
+from geoserve.schemas import ImageRequestOutput, TensorRequestOutput
+
+#: Output bands a request may have queued on the writer before the model loop waits for it.
+MAX_PENDING_WRITES = 4
+
+
+class OutputStage:
+    """Stitches, writes and commits requests' outputs; see the module docstring.
+
+    Args:
+        fail: How a request is failed (the scheduler's :meth:`~Scheduler.fail`).
+    """
+
+    def __init__(self, fail: Fail) -> None:
+        self._fail = fail
+        # one writer thread turns finished rows into output values and writes them, in order
+        self._writer = ThreadPoolExecutor(1, thread_name_prefix="geoserve-write")
+
+    def stitch(self, part: BatchOutput) -> None:
+        """Each output patch of ``part`` to its request's canvas."""
+        assert part.out is not None
+        for i, patch in enumerate(part.patches):
+            req = patch.request
+            req.in_flight -= 1
+            if req.error is not None:
+                continue
+            t1 = time.perf_counter()
+            with isolate(req, STITCH, self._fail):
+                if req.canvas.device is not None:
+                    result: Any = part.out[i]  # stays on the device
+                else:
+                    assert part.host is not None
+                    result = req.out_proc.prepare_patch(part.host[i])
+                req.out_channels = result.shape[0]
+                req.canvas.add(patch.row, patch.col, result)
+                req.stitched += 1
+                req.timings.stitch += time.perf_counter() - t1
+                req.timings.model += part.seconds
+
+    def emit(self, req: Request, streaming: bool = True) -> None:
+        """Queue the request's newly final output rows on the writer thread.
+
+        Not ``streaming``, rows wait until the whole output is final. Also collects the
+        writes done (and waits while more than :data:`MAX_PENDING_WRITES` are queued).
+        """
+        with isolate(req, WRITE, self._fail):
+            fixed = req.out_proc.out_channels
+            if req.out_channels or fixed or req.canvas.complete:
+                # (rows that finished before any patch did, e.g. all nodata, wait until the
+                # model has said how many channels it returns, unless the output processor
+                # fixes it)
+                min_rows = 1 if streaming else req.ctx.grid.height
+                channels = req.out_channels or fixed or 1
+                band = req.canvas.take_finished(
+                    channels, min_rows=min_rows, reduce=req.row_reducer()
+                )
+                if band is not None:
+                    req.writes.append(self._writer.submit(_write_band, req, band))
+            while req.writes and (req.writes[0].done() or len(req.writes) > MAX_PENDING_WRITES):
+                req.writes.popleft().result()  # back-pressure, and the writer's errors
+
+    def finish(self, req: Request) -> ImageRequestOutput | TensorRequestOutput:
+        """Wait for the request's writes, commit its output and release it."""
+        try:
+            while req.writes:
+                req.writes.popleft().result()
+            assert req.sink is not None
+            t0 = time.perf_counter()
+            output = req.sink.commit(req.out_format)
+            req.timings.write += time.perf_counter() - t0
+            return req.result(output)
+        except Exception as exc:  # fails this request alone, not the loop
+            return req.result(error=request_error(req, exc, FINISH))
+        finally:
+            req.close()
+
+    def close(self) -> None:
+        """Stop the writer thread once its queued writes are done."""
+        self._writer.shutdown(wait=True)
+
+
+def _write_band(req: Request, band: RowBand) -> None:
+    """Turn one band of blended rows into output values and write them (writer thread)."""
+    assert req.sink is not None
+    t0 = time.perf_counter()
+    raster = req.to_raster(band)
+    t1 = time.perf_counter()
+    req.sink.write(band.row, raster)
+    req.timings.stitch += t1 - t0
+    req.timings.write += time.perf_counter() - t1

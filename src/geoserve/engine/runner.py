@@ -1,0 +1,305 @@
+"""The model runner: one forward pass over a batch of patches, and what it takes to run it.
+
+:meth:`ModelRunner.forward` stacks a batch's patches (and their per-request model arguments
+such as ``temporal_coords``) on the device, pads it to one shape for a compiled model, runs the
+model under ``torch.inference_mode`` (and autocast when a dtype is set), and checks what comes
+back: a (B, C, P, P) tensor, or (B, C, T, P, P) turned into T x C bands.
+:meth:`ModelRunner.forward_fitting` splits a batch that runs out of device memory and lowers
+the batch cap. :meth:`ModelRunner.run` isolates a forward pass that raises to the requests
+whose own patches make it fail. Start-up: :meth:`ModelRunner.warm_up` checks the model against
+its processors on a dummy patch, :meth:`ModelRunner.auto_batch` sizes ``"auto"`` batches.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, cast
+
+import numpy as np
+import torch
+from einops import rearrange
+from numpy.typing import NDArray
+
+from geoserve.engine.request import Patch
+from geoserve.errors import (
+    ConfigError,
+    GeoServeError,
+    ModelExecutionError,
+    ModelOutputShapeError,
+    ProcessorMismatchError,
+    count,
+)
+from geoserve.processors.base import InputProcessor, OutputProcessor, RasterContext
+
+logger = logging.getLogger(__name__)
+
+#: ``max_batch_patches="auto"`` on CPU, where larger batches stop paying off early.
+AUTO_CPU_BATCH = 8
+#: Most patches per batch ``"auto"`` picks on a GPU.
+AUTO_MAX_BATCH = 256
+
+
+@dataclass
+class BatchOutput:
+    """What :meth:`ModelRunner.run` made of some of a batch's patches.
+
+    Attributes:
+        patches: The patches, in the order of the outputs.
+        out: (B, C_out, P, P) float32 on the model's device.
+        host: ``out`` copied to the host, when some patch's canvas is there.
+        seconds: Model time per patch.
+        error: Instead of outputs: why the forward pass failed on these patches.
+    """
+
+    patches: list[Patch]
+    out: torch.Tensor | None = None
+    host: NDArray[np.float32] | None = None
+    seconds: float = 0.0
+    error: GeoServeError | None = None
+
+
+class ModelRunner:
+    """Runs one model on batches of patches; see the module docstring.
+
+    Args:
+        model: The (possibly compiled) module.
+        name: The model's registered name, for messages.
+        device: Where it runs.
+        dtype: Autocast dtype; ``None`` runs float32.
+        compiled: Pad batches to ``max_batch_patches`` (one graph for every batch).
+        max_batch_patches: The batch cap; lowered when the device runs out of memory.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        name: str,
+        device: torch.device,
+        dtype: torch.dtype | None,
+        *,
+        compiled: bool,
+        max_batch_patches: int,
+    ) -> None:
+        self.model = model
+        self.name = name
+        self.device = device
+        self.dtype = dtype
+        self.compiled = compiled
+        self.max_batch_patches = max_batch_patches
+
+    # -- start-up ----------------------------------------------------------------------------
+
+    def warm_up(self, patch: Patch, in_proc: InputProcessor, out_proc: OutputProcessor) -> bool:
+        """Run one dummy patch; check the model's output against the output processor.
+
+        False when the model refuses the dummy but the input processor fixes no band count
+        (the dummy's 3 bands need not be what the model takes): the first request checks it.
+
+        Raises:
+            ModelExecutionError, ProcessorMismatchError: the model does not fit its processors.
+        """
+        try:
+            out = self.forward([patch])
+        except ModelExecutionError as exc:
+            if in_proc.in_channels is None:
+                logger.warning(
+                    "model %r: warm-up skipped; it refused a %d-band dummy input and its input "
+                    "processor fixes no band count (set bands= on it to check at start-up)",
+                    self.name,
+                    patch.data.shape[0],
+                )
+                return False
+            raise ModelExecutionError(f"warm-up on a dummy input: {exc}") from exc
+        want = out_proc.out_channels
+        if want is not None and out.shape[1] != want:
+            raise ProcessorMismatchError(
+                f"model {self.name!r} returns {out.shape[1]} channels but its output "
+                f"processor expects {want}"
+            )
+        return True
+
+    def auto_batch(self, probe: Patch | None) -> int:
+        """The batch size for ``max_batch_patches="auto"`` (see :class:`Engine`).
+
+        ``probe`` is a patch the model takes (None: none known, the CPU default).
+        """
+        if probe is None or self.device.type != "cuda":
+            return AUTO_CPU_BATCH
+        n = 4
+        torch.cuda.synchronize(self.device)
+        base = torch.cuda.memory_allocated(self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+        self.forward([probe] * n)
+        per_patch = max(1.0, (torch.cuda.max_memory_allocated(self.device) - base) / n)
+        free, _ = torch.cuda.mem_get_info(self.device)
+        fit = int(0.8 * free / per_patch)
+        batch = 1 << max(0, min(fit, AUTO_MAX_BATCH).bit_length() - 1)  # a power of two
+        logger.info("auto batch: %.0f MB per patch, %d patches per batch", per_patch / 1e6, batch)
+        return batch
+
+    # -- running batches ---------------------------------------------------------------------
+
+    def run(self, batch: list[Patch]) -> Iterator[BatchOutput]:
+        """The outputs of ``batch``'s live patches, in parts; the caller stitches each part.
+
+        A forward pass that raises is retried as two halves, down to single patches, so only
+        the requests whose own patches make the model fail get an error (a batch of B patches
+        with one poisoned patch costs about 2 log2(B) extra passes). Patches whose request
+        failed meanwhile (the caller fails requests between parts) are dropped.
+        """
+        live = [p for p in batch if p.request.error is None]
+        for patch in batch:
+            if patch.request.error is not None:  # its request failed in an earlier half
+                patch.request.in_flight -= 1
+        if not live:
+            return
+        batch = live
+        t0 = time.perf_counter()
+        host: NDArray[np.float32] | None = None
+        error: GeoServeError | None = None
+        try:
+            out = self.forward_fitting(batch)
+            if any(p.request.canvas.device is None for p in batch):
+                # one copy of the batch back to the host; on a GPU this is also where an
+                # asynchronous error of the forward pass surfaces, so it is retried like one
+                host = cast(NDArray[np.float32], out.cpu().numpy())
+        except Exception as exc:
+            if len(batch) == 1:
+                error = self._patch_failed(batch[0], exc)
+            else:
+                logger.warning(
+                    "forward pass of %d patches failed (%r); retrying each half", len(batch), exc
+                )
+        else:
+            yield BatchOutput(batch, out, host, (time.perf_counter() - t0) / len(batch))
+            return
+        if error is not None:
+            yield BatchOutput(batch, error=error)
+            return
+        half = (len(batch) + 1) // 2
+        yield from self.run(batch[:half])
+        yield from self.run(batch[half:])
+
+    def _patch_failed(self, patch: Patch, exc: Exception) -> GeoServeError:
+        """The error a forward pass on ``patch`` alone raised, naming the patch's input.
+
+        (Called while handling ``exc``: an unexpected one is logged with its traceback.)
+        """
+        name = patch.request.ctx.names[0]
+        if isinstance(exc, ModelExecutionError):  # the model raised: name the input too
+            logger.error("forward pass failed on a single patch: %s", exc)
+            return ModelExecutionError(f"{name}: {exc}")
+        if isinstance(exc, GeoServeError):
+            return exc
+        logger.exception("forward pass failed on a single patch")
+        return ModelExecutionError(
+            f"model {self.name!r} failed on a patch of this request ({name}): {exc!r}"
+        )
+
+    def forward_fitting(self, batch: list[Patch]) -> torch.Tensor:
+        """:meth:`forward`, splitting the batch in two while the device runs out of memory."""
+        try:
+            return self.forward(batch)
+        except torch.OutOfMemoryError:
+            if len(batch) == 1:
+                raise
+        half = (len(batch) + 1) // 2
+        if self.max_batch_patches > half:
+            logger.warning(
+                "out of device memory at %d patches per batch; continuing with %d",
+                len(batch),
+                half,
+            )
+            self.max_batch_patches = half
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        parts = [self.forward_fitting(batch[:half]), self.forward_fitting(batch[half:])]
+        return torch.cat(parts)
+
+    def forward(self, batch: list[Patch]) -> torch.Tensor:
+        """One forward pass: (B, C_out, P, P) float32 on the model's device."""
+        x = _stack([p.data for p in batch], self.device)
+        kwargs: dict[str, Any] = {}
+        for key in batch[0].request.ctx.model_kwargs:
+            vals = np.stack([p.request.ctx.model_kwargs[key] for p in batch])
+            kwargs[key] = torch.from_numpy(vals).to(self.device)
+        n = x.shape[0]
+        if self.compiled and n < self.max_batch_patches:  # one batch shape: no recompiles
+            pad = self.max_batch_patches - n
+            x = torch.cat([x, x[-1:].expand(pad, *x.shape[1:])])
+            kwargs = {
+                k: torch.cat([v, v[-1:].expand(pad, *v.shape[1:])]) for k, v in kwargs.items()
+            }
+        try:
+            with torch.inference_mode(), self.autocast():
+                y = self.model(x, **kwargs)
+        except (torch.OutOfMemoryError, GeoServeError):
+            raise
+        except Exception as exc:
+            raise self.model_failed(batch[0].request.ctx, x, exc) from exc
+        if isinstance(y, tuple | list):
+            y = y[0]
+        if not isinstance(y, torch.Tensor):
+            raise ModelOutputShapeError(
+                f"model {self.name!r} returned {type(y).__name__}, not a tensor"
+            )
+        if x.shape[0] != n and isinstance(y, torch.Tensor) and y.shape[0] == x.shape[0]:
+            x, y = x[:n], y[:n]  # drop the padding
+        if y.ndim == 5:  # (B, C, T, H, W): one band per (date, channel)
+            y = rearrange(y, "b c t h w -> b (t c) h w")
+        p = x.shape[-1]
+        if y.ndim != 4 or y.shape[0] != x.shape[0] or tuple(y.shape[-2:]) != (p, p):
+            raise ModelOutputShapeError(
+                f"model {self.name!r} returned shape {tuple(y.shape)} for input "
+                f"{tuple(x.shape)}; expected (batch={x.shape[0]}, channels, {p}, {p})"
+            )
+        return y.float()
+
+    def model_failed(
+        self, ctx: RasterContext, x: torch.Tensor, exc: Exception
+    ) -> ModelExecutionError:
+        """The model raised: say which model, what it was given and where that came from."""
+        names = ", ".join(ctx.band_names)
+        return ModelExecutionError(
+            f"model {self.name!r} failed on input of shape {tuple(x.shape)} "
+            f"({count(len(ctx.bands), 'band')} from its input processor: {names}): "
+            f"{type(exc).__name__}: {exc}"
+        )
+
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        """Autocast to :attr:`dtype` on the device (nothing when it is None)."""
+        if self.dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self.dtype)
+
+
+def _stack(datas: list[NDArray[np.float32] | torch.Tensor], device: torch.device) -> torch.Tensor:
+    """One batch tensor on ``device`` from host arrays or (already moved) device tensors."""
+    if all(isinstance(d, np.ndarray) for d in datas):
+        return torch.from_numpy(np.stack(datas)).to(device, non_blocking=True)  # type: ignore[arg-type]
+    return torch.stack([torch.as_tensor(d).to(device) for d in datas])
+
+
+def resolve_dtype(dtype: torch.dtype | str | None) -> torch.dtype | None:
+    """An autocast dtype from a torch dtype or its name (``"bf16"``, ``"float16"`` ...).
+
+    Raises:
+        ConfigError: an unknown name.
+    """
+    if dtype is None or isinstance(dtype, torch.dtype):
+        return dtype
+    names = {
+        "float32": None,
+        "fp32": None,
+        "bfloat16": torch.bfloat16,
+        "bf16": torch.bfloat16,
+        "float16": torch.float16,
+        "fp16": torch.float16,
+    }
+    if dtype not in names:
+        raise ConfigError(f"invalid dtype {dtype!r}; choose one of {', '.join(names)}")
+    return names[dtype]
