@@ -233,3 +233,15 @@ def test_the_example_files_are_valid_and_predict_runs_with_one(tmp_path):
         assert dst.dtypes[0] == "float32"  # output_kind: probabilities
         assert dst.profile["tiled"]  # cog: true
         assert (dst.crs, dst.transform, dst.shape) == (src.crs, src.transform, src.shape)
+
+
+def test_predict_writes_to_output_dir_without_o_and_needs_one_of_them(tmp_path, make_geotiff):
+    from geoserve.cli import main
+
+    src = make_geotiff(bands=3)
+    with pytest.raises(SystemExit) as info:
+        main(["predict", str(src), "-m", "identity"])
+    assert info.value.code == 2  # a usage error: neither -o nor an output directory
+    out = tmp_path / "outs"
+    assert main(["predict", str(src), "-m", "identity", "--output-dir", str(out), "-q"]) == 0
+    assert (out / f"{src.stem}_pred.tif").is_file()
