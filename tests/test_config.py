@@ -162,6 +162,11 @@ def test_flags_override_the_file_and_the_file_overrides_defaults(tmp_path):
         ("- 1\n- 2\n", "c.yaml: expected a mapping of option names"),
         ("stride: [1\n", "c.yaml: not valid YAML"),
         ("a: &x [1]\nb: *x\n", "aliases"),
+        ("threads: 2\nthreads: 3\n", "'threads' given twice"),
+        ("compile: maybe\n", "c.yaml: compile: should be a valid boolean"),
+        ("model: [identity]\n", "c.yaml: model: should be a model name"),
+        ("output_dir: ''\n", "c.yaml: output_dir: an empty path"),
+        ("stride: [1\n", "line 1, column 9"),
     ],
 )
 def test_a_bad_file_is_named_with_its_key(tmp_path, text, message):
@@ -245,3 +250,44 @@ def test_predict_writes_to_output_dir_without_o_and_needs_one_of_them(tmp_path, 
     out = tmp_path / "outs"
     assert main(["predict", str(src), "-m", "identity", "--output-dir", str(out), "-q"]) == 0
     assert (out / f"{src.stem}_pred.tif").is_file()
+
+
+def test_paths_in_a_file_expand_the_home_directory(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    path = tmp_path / "conf" / "c.yaml"
+    path.parent.mkdir()
+    path.write_text("output_dir: ~/outs\nweights: w.pt\n")
+    args = build_parser().parse_args(["predict", "a.tif", "--config", str(path)])
+    config = engine_config(args, read_options(args.config, dict.fromkeys(FIELDS, EngineConfig)))
+    assert config.output_dir == tmp_path / "outs"
+    assert config.weights == path.parent / "w.pt"  # absolute: Ray actors get it as it is
+    assert config.weights.is_absolute()
+
+
+def test_json_duplicates_and_a_byte_order_mark(tmp_path):
+    path = tmp_path / "c.json"
+    path.write_text('{"threads": 2, "threads": 3}')
+    with pytest.raises(ConfigError, match="'threads' is given twice"):
+        EngineConfig.from_file(path)
+    path.write_bytes(b"\xef\xbb\xbf" + b'{"threads": 2}')
+    assert EngineConfig.from_file(path).threads == 2
+
+
+def test_an_empty_api_key_is_refused_not_a_silent_switch_off(monkeypatch):
+    monkeypatch.setenv("GEOSERVE_API_KEY", "secret")
+    with pytest.raises(ConfigError, match="--api-key: empty"):
+        server_settings(build_parser().parse_args(["serve", "--api-key", ""]))
+    assert server_settings(build_parser().parse_args(["serve"])).api_key == "secret"
+
+
+def test_python_callers_get_config_errors_and_may_pass_a_mapping():
+    from geoserve import Engine
+
+    with pytest.raises(ConfigError, match="compile: should be a valid boolean"):
+        EngineConfig.build(compile="eager")  # the backend is its own field
+    engine = Engine("identity", {"max_batch_patches": 4})
+    assert engine.max_batch_patches == 4
+    with pytest.raises(ConfigError, match="device: 'cuda:7' requested, but this machine has"):
+        Engine("identity", device="cuda:7")
+    with pytest.raises(ConfigError, match="compile_backend: unknown 'nonexistent'"):
+        Engine("identity", compile=True, compile_backend="nonexistent")

@@ -13,6 +13,7 @@ No torch here: the command line validates its flags without importing it.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -34,8 +35,9 @@ class EngineConfig(BaseModel):
     """How an :class:`~geoserve.Engine` runs its model: one field per option.
 
     Build one in Python (``EngineConfig(max_batch_patches=32)``), from a file
-    (:meth:`from_file`) or from the command line's flags; invalid values raise
-    :class:`~geoserve.errors.ConfigError` naming the field.
+    (:meth:`from_file`) or from the command line's flags. :meth:`build`, :meth:`from_file`
+    and :class:`~geoserve.Engine` raise :class:`~geoserve.errors.ConfigError` naming the
+    field; the constructor itself raises pydantic's ``ValidationError`` (a ``ValueError``).
     """
 
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, frozen=True)
@@ -92,7 +94,7 @@ class EngineConfig(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _accept_objects(cls, data: Any) -> Any:
-        """Also take what Python callers hand over: torch dtypes and devices, a backend name."""
+        """Also take what Python callers hand over: torch dtypes and devices."""
         if not isinstance(data, dict):
             return data
         data = dict(data)
@@ -100,9 +102,6 @@ class EngineConfig(BaseModel):
             value = data.get(key)
             if type(value).__module__ == "torch":  # torch.bfloat16, torch.device("cuda")
                 data[key] = str(value).removeprefix("torch.")
-        if isinstance(data.get("compile"), str) and data["compile"].lower() not in _BOOL_WORDS:
-            data["compile_backend"] = data["compile"]  # compile="eager": on, with that backend
-            data["compile"] = True
         return data
 
     @field_validator("allowed_formats")
@@ -125,13 +124,24 @@ class EngineConfig(BaseModel):
     # -- building one ------------------------------------------------------------------------
 
     @classmethod
-    def build(cls, base: EngineConfig | None = None, **overrides: Any) -> EngineConfig:
-        """``base`` (default: all defaults) with ``overrides`` applied and validated.
+    def build(
+        cls, base: EngineConfig | Mapping[str, Any] | None = None, **overrides: Any
+    ) -> EngineConfig:
+        """``base`` with ``overrides`` applied, validated.
+
+        ``base`` is an :class:`EngineConfig`, a mapping of field names, or None (the defaults).
 
         Raises:
             ConfigError: naming the field at fault.
         """
-        values = base.model_dump(exclude_unset=True) if base is not None else {}
+        if isinstance(base, EngineConfig):
+            values = base.model_dump(exclude_unset=True)
+        elif isinstance(base, Mapping):
+            values = dict(base)
+        elif base is None:
+            values = {}
+        else:
+            raise ConfigError(f"config: expected an EngineConfig, got {type(base).__name__}")
         values.update(overrides)
         return cls.checked(values)
 
@@ -147,9 +157,6 @@ class EngineConfig(BaseModel):
     def from_file(cls, path: str | Path) -> EngineConfig:
         """Read a YAML or JSON file whose keys are field names (see docs/configuration.md)."""
         return cls.checked(read_config_file(path), source=str(path))
-
-
-_BOOL_WORDS = {"true", "false", "yes", "no", "on", "off", "1", "0"}
 
 
 def config_error(exc: ValidationError, source: str, fields: Any) -> ConfigError:
@@ -173,7 +180,7 @@ def config_error(exc: ValidationError, source: str, fields: Any) -> ConfigError:
     clauses = []
     for name, reasons in whys.items():
         said = " or ".join(reasons)
-        if said.startswith(("greater", "less", "a valid", "'")):
+        if said.startswith(("greater", "less", "a valid", "a finite", "'")):
             said = f"should be {said}"
         tail = f" (got {got[name]!r})" if name in got else ""
         clauses.append(f"{where}{name}: {said}{tail}")
@@ -181,7 +188,7 @@ def config_error(exc: ValidationError, source: str, fields: Any) -> ConfigError:
 
 
 #: Largest configuration file read (a configuration is a few hundred bytes).
-MAX_CONFIG_BYTES = 1 << 20
+MAX_CONFIG_BYTES = 64 << 10
 
 
 def read_config_file(path: str | Path) -> dict[str, Any]:
@@ -197,17 +204,17 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
     try:
         with p.open("rb") as f:
             raw = f.read(MAX_CONFIG_BYTES + 1)
-        text = raw.decode("utf-8")
+        text = raw.decode("utf-8-sig")
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{p}: cannot read the configuration file: {exc}") from None
     if len(raw) > MAX_CONFIG_BYTES:
-        raise ConfigError(f"{p}: larger than {MAX_CONFIG_BYTES >> 20} MB; not a configuration")
+        raise ConfigError(f"{p}: larger than {MAX_CONFIG_BYTES >> 10} KB; not a configuration")
     kind = "JSON" if p.suffix.lower() == ".json" else "YAML"
     try:
-        data = json.loads(text) if kind == "JSON" else _load_yaml(text)
-    except Exception as exc:  # json.JSONDecodeError, yaml.YAMLError
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise ConfigError(f"{p}: not valid {kind}: {first}") from None
+        data = json.loads(text, object_pairs_hook=_unique) if kind == "JSON" else _load_yaml(text)
+    except Exception as exc:  # json.JSONDecodeError, yaml.YAMLError, a duplicate key
+        why = " ".join(str(exc).split()) or type(exc).__name__
+        raise ConfigError(f"{p}: not valid {kind}: {why}") from None
     if data is None:
         return {}
     if not isinstance(data, dict) or not all(isinstance(k, str) for k in data):
@@ -215,16 +222,35 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
     return data
 
 
+def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object whose keys are all different (a repeated option is a mistake)."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"{key!r} is given twice")
+        out[key] = value
+    return out
+
+
 def _load_yaml(text: str) -> Any:
     import yaml
 
     class PlainLoader(yaml.SafeLoader):  # type: ignore[misc]  # (PyYAML ships no types)
-        """SafeLoader without aliases."""
+        """SafeLoader without aliases and without repeated keys."""
 
         def compose_node(self, parent: Any, index: Any) -> Any:
             if self.check_event(yaml.AliasEvent):
                 mark = self.peek_event().start_mark
-                raise yaml.YAMLError(f"aliases (*name) are not allowed ({mark})".replace("\n", " "))
+                raise yaml.YAMLError(f"aliases (*name) are not allowed ({mark})")
             return super().compose_node(parent, index)
+
+        def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+            keys = [k.value for k, _ in node.value if isinstance(k, yaml.ScalarNode)]
+            repeated = sorted({k for k in keys if keys.count(k) > 1})
+            if repeated:
+                raise yaml.YAMLError(
+                    f"{', '.join(map(repr, repeated))} given twice ({node.start_mark})"
+                )
+            return super().construct_mapping(node, deep)
 
     return yaml.load(text, Loader=PlainLoader)  # noqa: S506 (a SafeLoader)

@@ -46,7 +46,7 @@ def test_compiled_model_gives_the_same_output(make_geotiff):
     src = make_geotiff(bands=3, height=45, width=37)  # last batch is partial: padded
     with Engine("test-seg", max_batch_patches=4) as plain:
         ref = plain.generate_image(src, out_format="tensor").outputs.tensor
-    with Engine("test-seg", max_batch_patches=4, compile="eager") as compiled:
+    with Engine("test-seg", max_batch_patches=4, compile=True, compile_backend="eager") as compiled:
         assert compiled.compiled
         out = compiled.generate_image(src, out_format="tensor").outputs.tensor
     np.testing.assert_array_equal(out.numpy(), ref.numpy())

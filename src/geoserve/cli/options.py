@@ -108,17 +108,29 @@ def read_options(path: str | None, known: Mapping[str, type[BaseModel] | None]) 
         raise ConfigError(
             f"{path}: unknown option(s) {', '.join(map(repr, unknown))}; known: {', '.join(known)}"
         )
-    base = Path(path).parent
+    base = Path(path).parent.absolute()
     for key, value in values.items():
         model = known[key]
-        if model is None or value is None:
+        if model is None:
+            if key == "model" and not (isinstance(value, str) and value.strip()):
+                raise ConfigError(f"{path}: model: should be a model name (got {value!r})")
+            continue
+        if value is None:
             continue
         _, _, item = _kind(model.model_fields[key].annotation)
         if item is Path and isinstance(value, list):
-            values[key] = [base / str(v) for v in value]
+            values[key] = [_file_path(base, v, path, key) for v in value]
         elif _is_path(model.model_fields[key].annotation) and isinstance(value, str):
-            values[key] = base / value
+            values[key] = _file_path(base, value, path, key)
     return values
+
+
+def _file_path(base: Path, value: Any, source: str, key: str) -> Path:
+    """A path written in a configuration file: ``~`` expanded, relative to the file."""
+    text = str(value).strip()
+    if not text:
+        raise ConfigError(f"{source}: {key}: an empty path")
+    return base / Path(text).expanduser()
 
 
 def engine_config(args: argparse.Namespace, file_values: Mapping[str, Any]) -> EngineConfig:

@@ -71,7 +71,10 @@ def cmd_predict(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
     if args.output is None:
         if config.output_dir is None:
             parser.error("predict: give -o OUT (or --output-dir DIR, or output_dir in --config)")
-        config.output_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            config.output_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(f"output_dir: {config.output_dir}: {exc.strerror or exc}") from None
         args.output = str(config.output_dir)
     if args.dates is not None:
         from geoserve.raster.dates import request_dates

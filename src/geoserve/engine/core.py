@@ -89,18 +89,18 @@ class Engine(Admission):
         self, model: str | ModelSpec, config: EngineConfig | None = None, **overrides: Any
     ) -> None:
         self.config = cfg = EngineConfig.build(config, **overrides)
-        try:
-            self.device = torch.device(cfg.device)
-        except (RuntimeError, ValueError) as exc:
-            raise ConfigError(f"device: {exc} (got {cfg.device!r})") from None
-        if cfg.threads is not None:
-            torch.set_num_threads(cfg.threads)
+        self.device = _check_device(cfg.device)
+        if cfg.compile and cfg.compile_backend not in torch.compiler.list_backends(exclude_tags=()):
+            known = ", ".join(torch.compiler.list_backends(exclude_tags=()))
+            raise ConfigError(f"compile_backend: unknown {cfg.compile_backend!r}; known: {known}")
         self.allowed_formats = tuple(cfg.allowed_formats)
         self.max_patches = cfg.max_patches
         self.max_request_bytes = (
             default_max_memory() if cfg.max_request_mb is None else int(cfg.max_request_mb * MB)
         )
         self.spec, in_proc, out_proc = resolve_model(model)
+        if cfg.threads is not None:
+            torch.set_num_threads(cfg.threads)
         auto_batch = cfg.max_batch_patches == "auto"
         self.cross_request_batching = cfg.cross_request_batching
         self.streaming = cfg.streaming
@@ -359,3 +359,19 @@ class Engine(Admission):
             return rid
         self.admit(req)
         return rid
+
+
+def _check_device(name: str) -> torch.device:
+    """The torch device ``name``, refused at once when this machine does not have it."""
+    try:
+        device = torch.device(name)
+    except (RuntimeError, ValueError) as exc:
+        raise ConfigError(f"device: {exc} (got {name!r})") from None
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if (device.index or 0) >= count:
+            have = f"{count} CUDA device(s)" if count else "no usable CUDA device"
+            raise ConfigError(f"device: {name!r} requested, but this machine has {have}")
+    elif device.type == "mps" and not torch.backends.mps.is_available():
+        raise ConfigError(f"device: {name!r} requested, but MPS is not available here")
+    return device

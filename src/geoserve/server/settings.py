@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from geoserve.config import EngineConfig
 
@@ -52,6 +52,16 @@ class ServerFields(BaseModel):
     """On SIGTERM, how long in-flight requests may take to finish while new ones get 503."""
     retry_after_s: int = Field(1, ge=0)
     """Retry-After value sent with 503 responses."""
+
+    @field_validator("api_key", mode="before")
+    @classmethod
+    def _no_empty_key(cls, value: Any) -> Any:
+        """An empty key would switch authentication off without a word: refuse it."""
+        if value is None:
+            return os.environ.get("GEOSERVE_API_KEY")
+        if isinstance(value, str) and not value.strip():
+            raise ValueError("empty; leave it out (and GEOSERVE_API_KEY unset) to require none")
+        return value
 
 
 class ServerSettings(ServerFields):
