@@ -13,7 +13,7 @@ No torch here: the command line validates its flags without importing it.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -159,10 +159,13 @@ class EngineConfig(BaseModel):
         return cls.checked(read_config_file(path), source=str(path))
 
 
-def config_error(exc: ValidationError, source: str, fields: Any) -> ConfigError:
+def config_error(
+    exc: ValidationError, source: str, fields: Any, label: Callable[[str], str] = str
+) -> ConfigError:
     """One clause per invalid field, ``<file>: <field>: <why> (got <value>)``.
 
-    The alternatives of a union field are said together; an unknown key lists the known ones.
+    ``label`` names a field as its reader knows it (``--max-batch-patches`` for flags). The
+    alternatives of a union field are said together; an unknown key lists the known ones.
     """
     whys: dict[str, list[str]] = {}
     got: dict[str, Any] = {}
@@ -183,7 +186,7 @@ def config_error(exc: ValidationError, source: str, fields: Any) -> ConfigError:
         if said.startswith(("greater", "less", "a valid", "a finite", "'")):
             said = f"should be {said}"
         tail = f" (got {got[name]!r})" if name in got else ""
-        clauses.append(f"{where}{name}: {said}{tail}")
+        clauses.append(f"{where}{label(name)}: {said}{tail}")
     return ConfigError("; ".join(clauses))
 
 

@@ -150,11 +150,15 @@ def engine_config(args: argparse.Namespace, file_values: Mapping[str, Any]) -> E
 
 def flag_error(exc: ValidationError, model: type[BaseModel]) -> ConfigError:
     """A validation error of values given as flags, naming the flags."""
-    err = config_error(exc, "", model.model_fields)
-    text = str(err)
-    for name in model.model_fields:
-        text = text.replace(f"{name}: ", f"{flag(name)}: ")
-    return ConfigError(text)
+    return config_error(exc, "", model.model_fields, label=flag)
+
+
+def known_keys(*models: type[BaseModel]) -> dict[str, type[BaseModel] | None]:
+    """What a ``--config`` file may set: ``model``, and each field of ``models``."""
+    known: dict[str, type[BaseModel] | None] = {"model": None}
+    for model in models:
+        known.update(dict.fromkeys(model.model_fields, model))
+    return known
 
 
 # -- how a field's type becomes a flag ---------------------------------------------------------

@@ -13,7 +13,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from geoserve.cli.options import engine_config, read_options
+from geoserve.cli.options import engine_config, known_keys, read_options
 from geoserve.cli.parser import DEFAULT_MODEL
 from geoserve.config import EngineConfig
 from geoserve.errors import ConfigError, GeoServeError, InputError
@@ -63,9 +63,7 @@ def _interrupt(signum: int, frame: Any) -> None:
 def cmd_predict(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """``geoserve predict``: every input through the model; 1 if any failed."""
     signal.signal(signal.SIGTERM, _interrupt)
-    known: dict[str, type[EngineConfig] | None] = {"model": None}
-    known.update(dict.fromkeys(EngineConfig.model_fields, EngineConfig))
-    from_file = read_options(args.config, known)
+    from_file = read_options(args.config, known_keys(EngineConfig))
     config = engine_config(args, from_file)
     args.model = getattr(args, "model", None) or from_file.get("model") or DEFAULT_MODEL
     if args.output is None:

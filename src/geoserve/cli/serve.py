@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
-from geoserve.cli.options import engine_config, flag_error, given, read_options
+from geoserve.cli.options import engine_config, flag_error, given, known_keys, read_options
 from geoserve.cli.parser import DEFAULT_MODEL
 from geoserve.config import EngineConfig, config_error
 from geoserve.errors import ConfigError, PluginLoadError
@@ -27,10 +27,7 @@ def server_settings(args: argparse.Namespace) -> ServerSettings:
     """
     from geoserve.server.settings import ServerFields, ServerSettings
 
-    known: dict[str, type[EngineConfig] | type[ServerFields] | None] = {"model": None}
-    known.update(dict.fromkeys(EngineConfig.model_fields, EngineConfig))
-    known.update(dict.fromkeys(ServerFields.model_fields, ServerFields))
-    from_file = read_options(args.config, known)
+    from_file = read_options(args.config, known_keys(EngineConfig, ServerFields))
     engine = engine_config(args, from_file)
     server_file = {k: v for k, v in from_file.items() if k in ServerFields.model_fields}
     try:

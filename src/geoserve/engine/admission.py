@@ -18,6 +18,7 @@ from concurrent.futures import Executor
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
+from geoserve.config import EngineConfig
 from geoserve.engine.limits import check_request, warn_if_disk_short
 from geoserve.engine.request import Request
 from geoserve.engine.scheduler import Scheduler
@@ -43,12 +44,9 @@ class Admission:
     out_proc: OutputProcessor
     device: torch.device
     preprocess: str
+    config: EngineConfig
     read_workers: int
-    prefetch_rows: int
-    allowed_formats: tuple[str, ...]
-    max_patches: int | None
     max_request_bytes: int | None
-    cog: bool
     scheduler: Scheduler
     _output_dir: Path | None
     _reader: Executor | None
@@ -78,9 +76,8 @@ class Admission:
         sources = []
         try:
             for i, item in enumerate(inputs):
-                src = open_raster(
-                    item, data_format, threads=self.read_workers, formats=self.allowed_formats
-                )
+                formats = self.config.allowed_formats
+                src = open_raster(item, data_format, threads=self.read_workers, formats=formats)
                 sources.append(src)
                 if dates is not None and dates[i] is not None:  # given: wins over tags and name
                     src.info = dataclasses.replace(src.info, date=dates[i])
@@ -89,7 +86,8 @@ class Admission:
             if out_format == "path":
                 path = output_path or self.output_dir / f"{request_id}.tif"
             grid = ctx.grid
-            sink = make_sink(out_format, path, ctx.profile, grid.height, grid.width, cog=self.cog)
+            cog = self.config.cog
+            sink = make_sink(out_format, path, ctx.profile, grid.height, grid.width, cog=cog)
         except BaseException as exc:
             for src in sources:
                 src.close()
@@ -111,13 +109,13 @@ class Admission:
             output_path,
             sink=sink,
             reader=self._reader,
-            prefetch_rows=self.prefetch_rows,
+            prefetch_rows=self.config.prefetch_rows,
             cut_on=self.device if self.preprocess == "device" else None,
             stitch_on=self._stitch_device(out_proc or self.out_proc),
             priority=priority,
         )
         try:
-            check_request(req, self.max_patches, self.max_request_bytes)
+            check_request(req, self.config.max_patches, self.max_request_bytes)
             if path is not None:
                 warn_if_disk_short(path, req)
         except BaseException:

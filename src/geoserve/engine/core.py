@@ -93,8 +93,6 @@ class Engine(Admission):
         if cfg.compile and cfg.compile_backend not in torch.compiler.list_backends(exclude_tags=()):
             known = ", ".join(torch.compiler.list_backends(exclude_tags=()))
             raise ConfigError(f"compile_backend: unknown {cfg.compile_backend!r}; known: {known}")
-        self.allowed_formats = tuple(cfg.allowed_formats)
-        self.max_patches = cfg.max_patches
         self.max_request_bytes = (
             default_max_memory() if cfg.max_request_mb is None else int(cfg.max_request_mb * MB)
         )
@@ -102,9 +100,6 @@ class Engine(Admission):
         if cfg.threads is not None:
             torch.set_num_threads(cfg.threads)
         auto_batch = cfg.max_batch_patches == "auto"
-        self.cross_request_batching = cfg.cross_request_batching
-        self.streaming = cfg.streaming
-        self.cog = cfg.cog
         try:
             self.in_proc = in_proc.replace(
                 patch_size=cfg.patch_size,
@@ -138,7 +133,6 @@ class Engine(Admission):
         self.preprocess = preprocess
         self.last_batch_size = 0
         self.read_workers = cfg.read_workers or default_read_workers()
-        self.prefetch_rows = cfg.prefetch_rows
         # a pool of reader threads reads every request's next grid rows during forward passes
         self._reader = (
             ThreadPoolExecutor(self.read_workers, thread_name_prefix="geoserve-read")
@@ -217,10 +211,10 @@ class Engine(Admission):
         """Run one batch; return the requests that finished (or failed) during it."""
         sched = self.scheduler
         sched.release_retired()
-        batch = sched.fill_batch(self.max_batch_patches, self.cross_request_batching)
+        batch = sched.fill_batch(self.max_batch_patches, self.config.cross_request_batching)
         if not batch and not sched.failed and sched.wait_for_reads():
             # a row arrived while we waited
-            batch = sched.fill_batch(self.max_batch_patches, self.cross_request_batching)
+            batch = sched.fill_batch(self.max_batch_patches, self.config.cross_request_batching)
         self.last_batch_size = len(batch)
         for part in self.runner.run(batch):  # in parts when a forward pass fails
             if part.error is not None:
@@ -228,7 +222,7 @@ class Engine(Admission):
             else:
                 self.output.stitch(part)
         for req in sched.live():
-            self.output.emit(req, self.streaming)
+            self.output.emit(req, self.config.streaming)
         done = sched.take_failed()
         done.extend(self.output.finish(req) for req in sched.take_complete())
         return done
