@@ -146,3 +146,11 @@ class NotGeoreferencedWarning(GeoServeWarning):
 def count(n: int, noun: str) -> str:
     """``count(1, "band")`` is "1 band", ``count(3, "band")`` "3 bands" (for messages)."""
     return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
+def prefixed(exc: GeoServeError, prefix: str) -> GeoServeError:
+    """``exc`` again, its message led by ``prefix`` (the modality or part it belongs to)."""
+    try:
+        return type(exc)(f"{prefix}: {exc}")
+    except TypeError:  # an error class with its own constructor arguments
+        return GeoServeError(f"{prefix}: {exc}")

@@ -13,27 +13,60 @@ import dataclasses
 import datetime as dt
 import tempfile
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor
 from pathlib import Path
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from geoserve.config import EngineConfig
 from geoserve.engine.limits import check_request, warn_if_disk_short
 from geoserve.engine.request import Request
 from geoserve.engine.scheduler import Scheduler
-from geoserve.errors import BandMismatchError, ConfigError, GeoServeError
+from geoserve.errors import BandMismatchError, ConfigError, GeoServeError, InputError, prefixed
 from geoserve.processors.base import InputProcessor, OutputProcessor
 from geoserve.raster.dates import DateLike, request_dates
 from geoserve.raster.sinks import make_sink
-from geoserve.raster.source import DataFormat, RasterLike, open_raster
+from geoserve.raster.source import DataFormat, RasterLike, RasterSource, open_raster
 from geoserve.registry import ModelSpec
 from geoserve.schemas import OUT_FORMATS, ImageRequestOutput, OutFormat
 
 if TYPE_CHECKING:
     import torch
 
-ImageInput = RasterLike | Sequence[RasterLike]
+#: One request's input: a raster, the dates of one place, or modalities by name (a dict whose
+#: values are a raster or a list of dates).
+ImageInput = RasterLike | Sequence[RasterLike] | Mapping[str, RasterLike | Sequence[RasterLike]]
+
+
+def modality_items(
+    inputs: Mapping[Any, Any], dates: Any
+) -> tuple[dict[str, list[RasterLike]], dict[str, Any] | None]:
+    """A dict request's modalities, each as its list of dates, and their explicit dates.
+
+    ``dates`` is None or a mapping of modality name to its dates (as for a list request).
+
+    Raises:
+        InputError: naming the modality or field at fault.
+    """
+    if not inputs:
+        raise InputError("an empty dict of modalities; give at least one modality")
+    items: dict[str, list[RasterLike]] = {}
+    for name, value in inputs.items():
+        if not isinstance(name, str) or not name:
+            raise InputError(f"modality names must be non-empty strings, got {name!r}")
+        items[name] = list(value) if isinstance(value, list | tuple) else [value]
+        if not items[name]:
+            raise InputError(f"modality {name!r}: an empty list of inputs")
+    if dates is None:
+        return items, None
+    if not isinstance(dates, Mapping):
+        raise InputError("dates: give a dict of modality name to dates for a dict of modalities")
+    when: dict[str, Any] = {}
+    for name, value in dates.items():
+        if name not in items:
+            raise InputError(f"dates: no modality {name!r} in the request")
+        when[name] = request_dates(value, len(items[name]), f"dates[{name!r}]")
+    return items, when
 
 
 class Admission:
@@ -58,9 +91,20 @@ class Admission:
             self._output_dir = Path(tempfile.mkdtemp(prefix="geoserve-"))
         return self._output_dir
 
+    def _open(
+        self, item: RasterLike, data_format: DataFormat, date: dt.date | None
+    ) -> RasterSource:
+        """One input opened through the allowed drivers (headers only)."""
+        src = open_raster(
+            item, data_format, threads=self.read_workers, formats=self.config.allowed_formats
+        )
+        if date is not None:  # given: wins over tags and name
+            src.info = dataclasses.replace(src.info, date=date)
+        return src
+
     def _new_request(
         self,
-        inputs: Sequence[RasterLike],
+        inputs: Sequence[RasterLike] | Mapping[str, Sequence[RasterLike]],
         request_id: str,
         out_format: OutFormat,
         output_path: Path | None,
@@ -68,20 +112,38 @@ class Admission:
         in_proc: InputProcessor | None = None,
         out_proc: OutputProcessor | None = None,
         priority: int = 0,
-        dates: Sequence[dt.date | None] | None = None,
+        dates: Sequence[dt.date | None]
+        | Mapping[str, Sequence[dt.date | None] | None]
+        | None = None,
         kind: Callable[..., Request] = Request,
     ) -> Request:
-        """Open and check the inputs and build the request (``kind``: its type)."""
+        """Open and check the inputs and build the request (``kind``: its type).
+
+        ``inputs`` is the dates of one place, or a mapping of modality name to its dates.
+        """
         proc = in_proc or self.in_proc
-        sources = []
+        opened: list[RasterSource] = []
+        sources: list[RasterSource] = []
         try:
-            for i, item in enumerate(inputs):
-                formats = self.config.allowed_formats
-                src = open_raster(item, data_format, threads=self.read_workers, formats=formats)
-                sources.append(src)
-                if dates is not None and dates[i] is not None:  # given: wins over tags and name
-                    src.info = dataclasses.replace(src.info, date=dates[i])
-            ctx = proc.prepare(sources)
+            if isinstance(inputs, Mapping):
+                by_name: dict[str, list[RasterSource]] = {}
+                for name, items in inputs.items():
+                    when = dates.get(name) if isinstance(dates, Mapping) else None
+                    by_name[name] = []
+                    for i, item in enumerate(items):
+                        try:
+                            src = self._open(item, data_format, when[i] if when else None)
+                        except GeoServeError as exc:
+                            raise prefixed(exc, f"modality {name!r}") from None
+                        opened.append(src)
+                        by_name[name].append(src)
+                sources, ctx = proc.prepare_modalities(by_name, self.read_workers)
+            else:
+                for i, item in enumerate(inputs):
+                    when_i = dates[i] if isinstance(dates, Sequence) else None
+                    opened.append(self._open(item, data_format, when_i))
+                sources = opened
+                ctx = proc.prepare(sources)
             path = None
             if out_format == "path":
                 path = output_path or self.output_dir / f"{request_id}.tif"
@@ -89,7 +151,7 @@ class Admission:
             cog = self.config.cog
             sink = make_sink(out_format, path, ctx.profile, grid.height, grid.width, cog=cog)
         except BaseException as exc:
-            for src in sources:
+            for src in opened:
                 src.close()
             wanted = getattr(proc, "bands", None)
             if isinstance(exc, BandMismatchError) and wanted:
@@ -162,14 +224,19 @@ class Admission:
             raise ConfigError(
                 f"invalid out_format {out_format!r}; choose one of {', '.join(OUT_FORMATS)}"
             )
-        items = cast(
-            list[RasterLike], list(inputs) if isinstance(inputs, list | tuple) else [inputs]
-        )
+        items: list[RasterLike] | dict[str, list[RasterLike]]
+        when: Any
+        if isinstance(inputs, Mapping):
+            items, when = modality_items(inputs, dates)
+        else:
+            items = cast(
+                list[RasterLike], list(inputs) if isinstance(inputs, list | tuple) else [inputs]
+            )
+            when = request_dates(dates, len(items))
         in_proc = self.in_proc.replace(bands=tuple(bands)) if bands is not None else None
         out_proc = self.out_proc.for_kind(output_kind) if output_kind else None
         path = Path(output_path) if output_path is not None else None
         rid = request_id or uuid.uuid4().hex[:12]
-        when = request_dates(dates, len(items))
         return self._new_request(
             items,
             rid,

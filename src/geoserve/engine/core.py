@@ -160,8 +160,8 @@ class Engine(Admission):
 
     def _dummy_patch(self) -> Patch:
         """One patch of the input processor's dummy input (for warm-up)."""
-        dummy = self.in_proc.dummy_input(seed=0)
-        req = self._new_request([dummy] * self.in_proc.num_frames, "warmup", "tensor", None)
+        dummy = self.in_proc.dummy_request(seed=0)
+        req = self._new_request(dummy, "warmup", "tensor", None)
         patch = req.pop_patch()
         req.close()
         assert patch is not None  # dummy inputs have no nodata

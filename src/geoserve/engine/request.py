@@ -14,7 +14,7 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent import futures
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
@@ -24,12 +24,17 @@ from typing import Any
 
 import numpy as np
 import torch
-from numpy.typing import NDArray
 
 from geoserve.engine.canvas import Canvas, RowBand
 from geoserve.engine.prefetch import RowPrefetcher
 from geoserve.errors import GeoServeError
-from geoserve.processors.base import InputProcessor, OutputProcessor, PatchRow, RasterContext
+from geoserve.processors.base import (
+    InputProcessor,
+    ModelInput,
+    OutputProcessor,
+    PatchRow,
+    RasterContext,
+)
 from geoserve.raster.sinks import OutputSink
 from geoserve.raster.source import RasterSource
 from geoserve.raster.write import OutputRaster
@@ -51,7 +56,7 @@ class Patch:
     request: Request
     row: int
     col: int
-    data: NDArray[np.float32] | torch.Tensor
+    data: ModelInput
 
 
 @dataclass
@@ -167,7 +172,7 @@ class Request:
         g = self.ctx.grid
         p, s = g.patch_size, g.stride
         padded = g.cols * s + (p - s)
-        values = len(self.ctx.bands) * len(self.sources)
+        values = self.ctx.input_values
         infos = [src.info for src in self.sources]
         raw = max(np.dtype(i.dtype).itemsize for i in infos)
         rows = min(self.prefetch_rows + 2, g.rows) * p * padded * values * (4 + raw)
@@ -193,17 +198,16 @@ class Request:
         """What must match for patches to share a batch: patch shape and model arguments."""
         return self.patch_shape(self.ctx.grid.patch_size), tuple(sorted(self.ctx.model_kwargs))
 
-    def patch_shape(self, p: int) -> tuple[int, ...]:
-        """The shape of one model input patch: (C, P, P), or (C, T, P, P) for T dates."""
-        if self.in_proc.num_frames > 1:
-            return (len(self.ctx.bands), self.in_proc.num_frames, p, p)
-        return (len(self.ctx.bands), p, p)
+    def patch_shape(self, p: int) -> Any:
+        """The shape of one model input patch (see :meth:`RasterContext.patch_shape`)."""
+        return self.ctx.patch_shape(p, self.in_proc.num_frames)
 
-    def _model_layout(
-        self, patches: NDArray[np.float32] | torch.Tensor
-    ) -> NDArray[np.float32] | torch.Tensor:
-        """A row's patches as the model takes them (the input processor's layout)."""
-        return patches
+    def _model_layout(self, patches: ModelInput) -> Sequence[ModelInput]:
+        """A row's patches as the model takes them, one per patch column."""
+        if isinstance(patches, Mapping):  # one dict of modalities per patch
+            n = len(next(iter(patches.values()))) if patches else 0
+            return [{k: v[i] for k, v in patches.items()} for i in range(n)]
+        return patches  # type: ignore[return-value]  # (indexed along its first axis)
 
     def pop_patch(self, wait: bool = True) -> Patch | None:
         """The next patch, reading grid rows as needed; None when no patches remain.
@@ -294,12 +298,11 @@ class TensorRequest(Request):
         """(*tensor_shape, P, P)."""
         return (*self.tensor_shape, p, p)
 
-    def _model_layout(
-        self, patches: NDArray[np.float32] | torch.Tensor
-    ) -> NDArray[np.float32] | torch.Tensor:
+    def _model_layout(self, patches: ModelInput) -> Sequence[ModelInput]:
+        assert not isinstance(patches, Mapping)
         if not len(patches):
-            return patches
-        return patches.reshape(len(patches), *self.tensor_shape, *patches.shape[-2:])
+            return patches  # type: ignore[return-value]
+        return patches.reshape(len(patches), *self.tensor_shape, *patches.shape[-2:])  # type: ignore[return-value]
 
     def row_reducer(self) -> None:
         """None: raw values come back unreduced."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -107,10 +107,10 @@ class ModelRunner:
         except ModelExecutionError as exc:
             if in_proc.in_channels is None:
                 logger.warning(
-                    "model %r: warm-up skipped; it refused a %d-band dummy input and its input "
-                    "processor fixes no band count (set bands= on it to check at start-up)",
+                    "model %r: warm-up skipped; it refused a dummy input of shape %s and its "
+                    "input processor fixes no band count (set bands= on it to check at start-up)",
                     self.name,
-                    patch.data.shape[0],
+                    _shape(patch.data),
                 )
                 return False
             raise ModelExecutionError(f"warm-up on a dummy input: {exc}") from exc
@@ -222,18 +222,21 @@ class ModelRunner:
 
     def forward(self, batch: list[Patch]) -> torch.Tensor:
         """One forward pass: (B, C_out, P, P) float32 on the model's device."""
-        x = _stack([p.data for p in batch], self.device)
+        first = batch[0].data
+        x: Any
+        if isinstance(first, Mapping):  # a multimodal model: one batch per modality
+            x = {k: _stack([p.data[k] for p in batch], self.device) for k in first}  # type: ignore[call-overload,index]
+        else:
+            x = _stack([p.data for p in batch], self.device)  # type: ignore[misc]
         kwargs: dict[str, Any] = {}
         for key in batch[0].request.ctx.model_kwargs:
             vals = np.stack([p.request.ctx.model_kwargs[key] for p in batch])
             kwargs[key] = torch.from_numpy(vals).to(self.device)
-        n = x.shape[0]
+        n = padded = len(batch)
         if self.compiled and n < self.max_batch_patches:  # one batch shape: no recompiles
-            pad = self.max_batch_patches - n
-            x = torch.cat([x, x[-1:].expand(pad, *x.shape[1:])])
-            kwargs = {
-                k: torch.cat([v, v[-1:].expand(pad, *v.shape[1:])]) for k, v in kwargs.items()
-            }
+            padded = self.max_batch_patches
+            x = _pad(x, padded - n)
+            kwargs = {k: _pad(v, padded - n) for k, v in kwargs.items()}
         try:
             with torch.inference_mode(), self.autocast():
                 y = self.model(x, **kwargs)
@@ -247,15 +250,15 @@ class ModelRunner:
             raise ModelOutputShapeError(
                 f"model {self.name!r} returned {type(y).__name__}, not a tensor"
             )
-        if x.shape[0] != n and isinstance(y, torch.Tensor) and y.shape[0] == x.shape[0]:
-            x, y = x[:n], y[:n]  # drop the padding
+        if padded != n and y.shape[0] == padded:
+            y = y[:n]  # drop the padding
         if y.ndim == 5:  # (B, C, T, H, W): one band per (date, channel)
             y = rearrange(y, "b c t h w -> b (t c) h w")
-        p = x.shape[-1]
-        if y.ndim != 4 or y.shape[0] != x.shape[0] or tuple(y.shape[-2:]) != (p, p):
+        p = batch[0].request.ctx.grid.patch_size
+        if y.ndim != 4 or y.shape[0] != n or tuple(y.shape[-2:]) != (p, p):
             raise ModelOutputShapeError(
                 f"model {self.name!r} returned shape {tuple(y.shape)} for input "
-                f"{tuple(x.shape)}; expected (batch={x.shape[0]}, channels, {p}, {p})"
+                f"{_shape(x)}; expected (batch={n}, channels, {p}, {p})"
             )
         return y.float()
 
@@ -265,7 +268,7 @@ class ModelRunner:
         """The model raised: say which model, what it was given and where that came from."""
         names = ", ".join(ctx.band_names)
         return ModelExecutionError(
-            f"model {self.name!r} failed on input of shape {tuple(x.shape)} "
+            f"model {self.name!r} failed on input of shape {_shape(x)} "
             f"({count(len(ctx.bands), 'band')} from its input processor: {names}): "
             f"{type(exc).__name__}: {exc}"
         )
@@ -275,6 +278,20 @@ class ModelRunner:
         if self.dtype is None:
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.device.type, dtype=self.dtype)
+
+
+def _shape(x: Any) -> str:
+    """A model input's shape for messages: ``(2, 3, 224, 224)``, or per modality."""
+    if isinstance(x, Mapping):
+        return "{" + ", ".join(f"{k!r}: {_shape(v)}" for k, v in x.items()) + "}"
+    return str(tuple(x.shape))
+
+
+def _pad(x: Any, pad: int) -> Any:
+    """``x`` (a batch, or a dict of them) with its last item repeated ``pad`` more times."""
+    if isinstance(x, Mapping):
+        return {k: _pad(v, pad) for k, v in x.items()}
+    return torch.cat([x, x[-1:].expand(pad, *x.shape[1:])])
 
 
 def _stack(datas: list[NDArray[np.float32] | torch.Tensor], device: torch.device) -> torch.Tensor:

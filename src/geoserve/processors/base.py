@@ -13,19 +13,27 @@ import dataclasses
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, TypeAlias, TypeVar
 
 import numpy as np
 import torch
 from numpy.typing import NDArray
 
+from geoserve.raster.align import stack_modalities
 from geoserve.raster.grid import PatchGrid
-from geoserve.raster.source import RasterArray, RasterInfo, RasterSource
+from geoserve.raster.source import RasterArray, RasterInfo, RasterLike, RasterSource
 from geoserve.raster.write import OutputRaster
 from geoserve.schemas import OUTPUT_KINDS as OUTPUT_KINDS
 from geoserve.schemas import OutputKind as OutputKind
 
 P = TypeVar("P", bound="Configurable")
+
+#: One model input: (C, P, P) or (C, T, P, P) patches (or a batch of them), numpy or torch.
+Patches: TypeAlias = NDArray[np.float32] | torch.Tensor
+#: What a model takes: one array, or one per modality (a multimodal model).
+ModelInput: TypeAlias = Patches | Mapping[str, Patches]
+#: Opened inputs by modality name, each the dates of that modality (one for most).
+Modalities: TypeAlias = Mapping[str, Sequence[RasterSource]]
 
 
 class Configurable:
@@ -61,6 +69,44 @@ class RasterContext:
     profile: Mapping[str, Any]
     has_nodata: bool
     model_kwargs: Mapping[str, NDArray[np.float32]] = dataclasses.field(default_factory=dict)
+    modalities: tuple[ModalityContext, ...] = ()
+    """For a multimodal model, each modality's own plan (empty otherwise)."""
+
+    @property
+    def input_values(self) -> int:
+        """Values the model reads per pixel: bands x dates, over every modality."""
+        if self.modalities:
+            return sum(m.ctx.input_values for m in self.modalities)
+        return len(self.bands) * len(self.names)
+
+    def patch_shape(self, p: int, frames: int) -> Any:
+        """The shape of one model input: (C, P, P), or (C, T, P, P) for ``frames`` > 1.
+
+        For a multimodal model, a tuple of (modality, shape) pairs.
+        """
+        if self.modalities:
+            return tuple((m.name, m.ctx.patch_shape(p, m.frames)) for m in self.modalities)
+        if frames > 1:
+            return (len(self.bands), frames, p, p)
+        return (len(self.bands), p, p)
+
+
+@dataclass(frozen=True)
+class ModalityContext:
+    """One modality of a multimodal request, as planned by its input processor.
+
+    Attributes:
+        name: The modality's name (the key of the model's input dict).
+        start, stop: Its sources among the request's (one per date).
+        ctx: Its own plan: bands, nodata and names on the request's grid.
+        frames: Its dates per request (> 1 gives (C, T, P, P) patches).
+    """
+
+    name: str
+    start: int
+    stop: int
+    ctx: RasterContext
+    frames: int = 1
 
 
 @dataclass(frozen=True)
@@ -71,14 +117,15 @@ class PatchRow:
         row: Grid row index.
         cols: Grid column of each patch in ``patches`` (all-nodata patches are left out).
         patches: float32 (len(cols), C, P, P), or (len(cols), C, T, P, P) for T dates: a numpy
-            array, or a torch tensor already on the model's device when it was cut there.
+            array, or a torch tensor already on the model's device when it was cut there; for
+            a multimodal model, one such array per modality (a dict).
         core_valid: (core height, width) bool mask of valid input pixels in this row's core
             rows, or ``None`` when every pixel is valid.
     """
 
     row: int
     cols: tuple[int, ...]
-    patches: NDArray[np.float32] | torch.Tensor
+    patches: ModelInput
     core_valid: NDArray[np.bool_] | None
 
 
@@ -101,6 +148,33 @@ class InputProcessor(ABC, Configurable):
         Raises:
             GeoServeError: a subclass naming the file, band or field at fault.
         """
+
+    def prepare_modalities(
+        self, modalities: Modalities, threads: int = 1
+    ) -> tuple[list[RasterSource], RasterContext]:
+        """Plan a request given as several modalities (a dict); returns what to read and how.
+
+        By default the modalities become one stack of bands, in the dict's order, on the
+        first modality's grid, resampled bilinearly (every band keeps its own nodata), and
+        :meth:`prepare` plans that stack like any single input. A multimodal processor
+        (:class:`~geoserve.processors.multimodal.MultimodalPatcher`) overrides it.
+
+        Raises:
+            GeoServeError: a subclass naming the modality, file, band or field at fault.
+        """
+        stacks = stack_modalities(modalities, threads)
+        return stacks, self.prepare(stacks)
+
+    def band_selectors(self, modality: str | None = None) -> Sequence[int | str] | None:
+        """The bands this processor reads (of ``modality``, for a multimodal one); None: all.
+
+        Used to pick the assets of a STAC Item input.
+        """
+        return getattr(self, "bands", None)
+
+    def dummy_request(self, seed: int = 0) -> Sequence[RasterLike] | Mapping[str, Any]:
+        """A tiny synthetic request this processor accepts (for warm-up): its dates."""
+        return [self.dummy_input(seed)] * self.num_frames
 
     @abstractmethod
     def read_row(self, sources: Sequence[RasterSource], ctx: RasterContext, row: int) -> PatchRow:

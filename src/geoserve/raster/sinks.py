@@ -139,15 +139,20 @@ def make_sink(
 def output_paths(items: Sequence[Any], directory: str | os.PathLike[str]) -> list[Path]:
     """One ``<stem>_pred.tif`` per input in ``directory`` (created), unique per stem.
 
-    An item that is a list (dates of one place) is named after its first date; inputs without
-    a file name (bytes, arrays) become ``input_<i>``.
+    An item that is a list (dates of one place) is named after its first date, a dict
+    (modalities) after its first modality; inputs without a file name (bytes, arrays) become
+    ``input_<i>``.
     """
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     seen: dict[str, int] = {}
     paths = []
     for i, item in enumerate(items):
-        first = item[0] if isinstance(item, list | tuple) else item
+        first = item
+        if isinstance(first, Mapping):
+            first = next(iter(first.values()), None)
+        if isinstance(first, list | tuple):
+            first = first[0] if first else None
         stem = Path(str(first)).stem if isinstance(first, str | os.PathLike) else f"input_{i}"
         n = seen.get(stem, 0)
         seen[stem] = n + 1

@@ -242,6 +242,11 @@ class DatasetSource(RasterSource):
                     raise
         raise AssertionError("no drivers")  # check_formats refuses an empty list
 
+    @property
+    def dataset(self) -> Any:
+        """The open rasterio dataset (for GDAL operations on it, such as warping)."""
+        return self._ds
+
     def read_rows(self, row_start: int, row_stop: int, bands: Sequence[int]) -> NDArray[Any]:
         """See :meth:`RasterSource.read_rows`; rows come from the block cache.
 
@@ -331,6 +336,11 @@ class ArraySource(RasterSource):
         )
         _check_size(self.info)
         _warn_if_not_georeferenced(self.info)
+
+    @property
+    def array(self) -> NDArray[Any]:
+        """The (bands, height, width) array."""
+        return self._data
 
     def read_rows(self, row_start: int, row_stop: int, bands: Sequence[int]) -> NDArray[Any]:
         """See :meth:`RasterSource.read_rows`."""
