@@ -20,6 +20,15 @@ from geoserve.errors import InputError
 InFormat = Literal["b64_json", "path", "url"]
 OutDataFormat = Literal["b64_json", "path", "geotiff"]
 NonEmpty = Annotated[str, StringConstraints(min_length=1)]
+ModalityName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")]
+#: Most modalities one request may name (TerraMind takes eight).
+MAX_MODALITIES = 16
+#: Inputs of one modality: one, or a list of dates.
+OneOrDates = NonEmpty | Annotated[list[NonEmpty], Field(min_length=1)]
+#: Modalities by name: ``{"s2": ..., "s1": [...]}``.
+ModalityData = Annotated[
+    dict[ModalityName, OneOrDates], Field(min_length=1, max_length=MAX_MODALITIES)
+]
 
 #: JSON bodies larger than this are parsed in a worker thread, not on the event loop.
 OFF_LOOP_JSON_BYTES = 256 * 1024
@@ -37,21 +46,30 @@ class ImagesRequest(BaseModel):
     """JSON body of ``POST /v1/images``."""
 
     model_config = ConfigDict(extra="forbid")
-    data: NonEmpty | Annotated[list[NonEmpty], Field(min_length=1)]
+    data: OneOrDates | ModalityData
+    """One input, the dates of one place (a list), or modalities by name (a dict)."""
     data_format: InFormat = "b64_json"
     out_data_format: OutDataFormat = "b64_json"
     options: ImageOptions = Field(default_factory=ImageOptions)
     priority: int = 0
     dates: Any = None
-    """ISO 8601 acquisition dates, one per ``data`` item (for models that take dates); checked
-    by :func:`geoserve.raster.dates.request_dates`, so a bad one is a 400 naming the field."""
+    """ISO 8601 acquisition dates, one per ``data`` item (for models that take dates; for
+    modalities, a dict of modality name to its dates); checked before any input is fetched,
+    so a bad one is a 400 naming the field."""
 
 
 class PoolingData(BaseModel):
-    """The ``data`` object of vLLM's Prithvi IO-processor request."""
+    """The ``data`` object of vLLM's IO-processor requests.
+
+    ``data`` is one input (the Prithvi plugin), or modalities by name, each one input (the
+    TerraMind plugin: ``{"S2L1C": url, "S1GRD": url}``).
+    """
 
     model_config = ConfigDict(extra="ignore")
-    data: NonEmpty
+    data: (
+        NonEmpty
+        | Annotated[dict[ModalityName, NonEmpty], Field(min_length=1, max_length=MAX_MODALITIES)]
+    )
     data_format: InFormat = "b64_json"
     out_data_format: Literal["b64_json", "path"] = "b64_json"
     indices: list[int] | None = None

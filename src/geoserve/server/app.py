@@ -25,6 +25,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 
 from geoserve.engine import Engine
+from geoserve.engine.admission import modality_items
 from geoserve.engine.async_engine import AsyncEngine
 from geoserve.engine.runner import AUTO_MAX_BATCH
 from geoserve.errors import (
@@ -38,25 +39,23 @@ from geoserve.errors import (
 )
 from geoserve.raster import tempfiles
 from geoserve.raster.dates import DateLike, request_dates
-from geoserve.raster.source import DataFormat, NamedBytes, RasterLike
 from geoserve.schemas import ImageRequestOutput, OutFormat
 from geoserve.server.api_models import (
     ImagesRequest,
     PoolingRequest,
-    form_dates,
-    form_json,
     parse_json,
-    validate,
     validation_message,
 )
 from geoserve.server.errors import error_body, status_for
-from geoserve.server.inputs import fetch_url, remote_input, resolve_input_path
+from geoserve.server.gather import Items, as_items, count_items, gather, parse_multipart
 from geoserve.server.metrics import Metrics
 from geoserve.server.middleware import ClientDisconnected, GuardMiddleware
 from geoserve.server.settings import ServerSettings
 
 logger = logging.getLogger("geoserve.server")
 
+#: Most inputs (files, URLs) one request of modalities may name, all dates together.
+MAX_MODALITY_INPUTS = 64
 _REQUEST_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")
 _OUT_FORMATS: dict[str, OutFormat] = {"geotiff": "bytes", "b64_json": "b64", "path": "path"}
 
@@ -116,28 +115,6 @@ class _Service:
 
     # -- shared request path -------------------------------------------------------------------
 
-    async def gather_inputs(
-        self, items: list[Any], data_format: str, deadline: float
-    ) -> tuple[list[RasterLike], DataFormat]:
-        """Apply the path/URL guards; base64 is decoded later, off the event loop."""
-        s = self.settings
-        if data_format == "bytes":
-            return list(items), "bytes"
-        if data_format == "path":
-            return [resolve_input_path(p, s.allowed_input_dirs) for p in items], "path"
-        if data_format == "url":
-            limit = int(s.max_body_mb * 1024 * 1024)
-            data: list[str | bytes] = []
-            for u in items:
-                left = deadline - time.monotonic()
-                if s.url_reads == "range":
-                    fmts = s.engine.allowed_formats
-                    data.append(await remote_input(u, s.allowed_url_domains, limit, left, fmts))
-                else:
-                    data.append(await fetch_url(u, s.allowed_url_domains, limit, left))
-            return list(data), "auto"  # /vsicurl/ paths and downloaded bytes
-        return list(items), "b64"
-
     def output_path(self, rid: str, out_format: str) -> Path | None:
         """Where a ``path`` output goes: always under --output-dir, named by the server."""
         if out_format != "path":
@@ -151,7 +128,7 @@ class _Service:
     async def run(
         self,
         request: Request,
-        items: list[Any],
+        items: Items,
         data_format: str,
         out_data_format: str,
         *,
@@ -175,22 +152,29 @@ class _Service:
         if client_id is not None:
             logger.info("request %s has client id %s", rid, client_id)
         frames = max(1, eng.engine.in_proc.num_frames)
-        if len(items) > frames:  # before anything is downloaded or decoded
-            what = "file: {} parts" if data_format == "bytes" else "data: {} dates"
-            raise InputError(
-                f"{what.format(len(items))} given; model {self.settings.model!r} takes "
-                f"{count(frames, 'date')}"
-            )
-        when = request_dates(dates, len(items))  # checked before anything is downloaded
+        if isinstance(items, dict):  # before anything is downloaded or decoded
+            if count_items(items) > MAX_MODALITY_INPUTS:
+                raise InputError(
+                    f"data: {count_items(items)} inputs given; at most {MAX_MODALITY_INPUTS}"
+                )
+            when: Any = modality_items(items, dates)[1]
+        else:
+            if len(items) > frames:
+                what = "file: {} parts" if data_format == "bytes" else "data: {} dates"
+                raise InputError(
+                    f"{what.format(len(items))} given; model {self.settings.model!r} takes "
+                    f"{count(frames, 'date')}"
+                )
+            when = request_dates(dates, len(items))
         out_format = _OUT_FORMATS[out_data_format]
         path = self.output_path(rid, out_format)
         t0 = time.perf_counter()
         deadline = time.monotonic() + self.settings.request_timeout_s
 
         async def job() -> ImageRequestOutput:
-            inputs, fmt = await self.gather_inputs(items, data_format, deadline)
+            inputs, fmt = await gather(self.settings, items, data_format, deadline)
             return await eng.submit(
-                inputs if len(inputs) > 1 else inputs[0],
+                inputs if isinstance(inputs, dict) or len(inputs) > 1 else inputs[0],
                 request_id=rid,
                 out_format=out_format,
                 output_path=path,
@@ -214,14 +198,19 @@ class _Service:
 
     async def images(self, request: Request) -> Response:
         """POST /v1/images: multipart upload or JSON; GeoTIFF bytes or JSON back."""
-        items: list[Any]
+        items: Items
         if request.headers.get("content-type", "").startswith("multipart/form-data"):
-            body, items = await self._parse_multipart(request)
+            body, items = await parse_multipart(request)
             data_format = "bytes"
             dates = body.dates  # (else each part's tags, then its file name's stamp)
+            if isinstance(items, dict) and dates is not None:
+                raise InputError(
+                    "form field 'dates' applies to 'file' parts; with modality parts the dates "
+                    "come from each file's tags or name (or send JSON with a dict of dates)"
+                )
         else:
             body = await parse_json(ImagesRequest, await request.body())
-            items = body.data if isinstance(body.data, list) else [body.data]
+            items = as_items(body.data)
             data_format, dates = body.data_format, body.dates
         rid, result = await self.run(
             request,
@@ -257,34 +246,6 @@ class _Service:
             headers=echo,
         )
 
-    async def _parse_multipart(self, request: Request) -> tuple[ImagesRequest, list[NamedBytes]]:
-        """The upload's options and its files, named by their parts' file names.
-
-        (A part's file name is client text: it names the upload in messages, never a path.)
-        """
-        form = await request.form()
-        files: list[NamedBytes] = []
-        for i, part in enumerate(form.getlist("file")):
-            if isinstance(part, str):
-                raise InputError("'file' must be a file part, not a text field")
-            upload = NamedBytes(await part.read(), part.filename or f"file part {i}")
-            if not upload.data:
-                raise InputError(f"'file' part {i} ({upload.shown}) is empty")
-            files.append(upload)
-        if not files:
-            raise InputError("multipart upload needs one or more 'file' parts")
-        body = validate(
-            ImagesRequest,
-            {
-                "data": "<upload>",
-                "out_data_format": form.get("out_data_format") or "geotiff",
-                "options": form_json(form.get("options")),
-                "priority": form.get("priority") or 0,
-                "dates": form_dates(form.getlist("dates")),
-            },
-        )
-        return body, files
-
     async def pooling(self, request: Request) -> Response:
         """POST /pooling: vLLM's IO-processor request and response shapes."""
         body = await parse_json(PoolingRequest, await request.body())
@@ -293,7 +254,7 @@ class _Service:
         bands = list(body.data.indices) if body.data.indices is not None else None
         rid, result = await self.run(
             request,
-            [body.data.data],
+            as_items(body.data.data),
             body.data.data_format,
             body.data.out_data_format,
             bands=bands,
@@ -332,6 +293,19 @@ class _Service:
                 "blend": inp.blend,
                 "num_frames": inp.num_frames,
             }
+            modalities = getattr(inp, "modalities", None)
+            if modalities:  # a multimodal model: what each key of "data" may be
+                entry["input"]["modalities"] = [
+                    {
+                        "name": m.name,
+                        "bands": list(m.bands) if m.bands is not None else None,
+                        "required": m.required,
+                        "resampling": m.resampling,
+                        "num_frames": m.num_frames,
+                    }
+                    for m in modalities
+                ]
+                entry["input"]["reference"] = getattr(inp, "reference", None)
             entry["output"] = {"kind": out.kind, "classes": list(getattr(out, "classes", ()))}
         return {"object": "list", "data": [entry]}
 

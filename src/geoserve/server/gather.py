@@ -1,0 +1,134 @@
+"""A request's inputs as the engine takes them: uploads parsed, paths and URLs vetted.
+
+A request's ``data`` is one input, a list (the dates of one place), or a dict of modalities
+(``{"s2": ..., "s1": [...]}``), each value one input or a list of dates. Whatever the shape,
+every path goes through :func:`~geoserve.server.inputs.resolve_input_path` and every URL through
+the URL guards (:func:`~geoserve.server.inputs.remote_input`) before the engine sees it; base64
+is decoded later, off the event loop.
+
+A multipart upload carries its files as parts named ``file`` (one input, or the dates of one
+place) or as one part per modality, named after it (``s2``, ``s1``; the same name twice gives
+that modality's dates).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from starlette.requests import Request
+
+from geoserve.errors import InputError
+from geoserve.raster.source import DataFormat, NamedBytes, RasterLike
+from geoserve.server.api_models import ImagesRequest, form_dates, form_json, validate
+from geoserve.server.inputs import check_url, fetch_url, remote_input, resolve_input_path
+from geoserve.server.settings import ServerSettings
+
+#: Multipart text fields; any other part is an input.
+FORM_FIELDS = frozenset({"out_data_format", "options", "priority", "dates"})
+
+#: One request's inputs: a list (dates) or a dict of modality name to its list of dates.
+Items = list[Any] | dict[str, list[Any]]
+
+
+def as_items(data: Any) -> Items:
+    """A request's ``data`` as a list of inputs, or a dict of modality name to a list."""
+    if isinstance(data, Mapping):
+        return {k: list(v) if isinstance(v, list | tuple) else [v] for k, v in data.items()}
+    return list(data) if isinstance(data, list | tuple) else [data]
+
+
+def count_items(items: Items) -> int:
+    """How many inputs (files, URLs, strings) a request names."""
+    if isinstance(items, dict):
+        return sum(len(v) for v in items.values())
+    return len(items)
+
+
+async def gather(
+    settings: ServerSettings, items: Items, data_format: str, deadline: float
+) -> tuple[list[RasterLike] | dict[str, list[RasterLike]], DataFormat]:
+    """Apply the path/URL guards to every input, keeping the request's shape.
+
+    Every URL of the request is checked before any is fetched: a request naming one host
+    that is not allowed makes no connection at all.
+    """
+    if data_format == "url":
+        for values in items.values() if isinstance(items, dict) else [items]:
+            for url in values:
+                check_url(url, settings.allowed_url_domains)
+    if isinstance(items, dict):
+        out: dict[str, list[RasterLike]] = {}
+        fmt: DataFormat = "auto"
+        for name, values in items.items():
+            out[name], fmt = await _gather_list(settings, values, data_format, deadline)
+        return out, fmt
+    return await _gather_list(settings, items, data_format, deadline)
+
+
+async def _gather_list(
+    s: ServerSettings, items: list[Any], data_format: str, deadline: float
+) -> tuple[list[RasterLike], DataFormat]:
+    if data_format == "bytes":
+        return list(items), "bytes"
+    if data_format == "path":
+        return [resolve_input_path(p, s.allowed_input_dirs) for p in items], "path"
+    if data_format == "url":
+        limit = int(s.max_body_mb * 1024 * 1024)
+        data: list[RasterLike] = []
+        for u in items:
+            left = deadline - time.monotonic()
+            if s.url_reads == "range":
+                fmts = s.engine.allowed_formats
+                data.append(await remote_input(u, s.allowed_url_domains, limit, left, fmts))
+            else:
+                data.append(await fetch_url(u, s.allowed_url_domains, limit, left))
+        return data, "auto"  # /vsicurl/ paths and downloaded bytes
+    return list(items), "b64"
+
+
+async def parse_multipart(request: Request) -> tuple[ImagesRequest, Items]:
+    """The upload's options and its files, named by their parts' file names.
+
+    Files come as ``file`` parts, or as one part per modality (the part's name). A part's file
+    name is client text: it names the upload in messages, never a path.
+    """
+    form = await request.form()
+    plain: list[NamedBytes] = []
+    modal: dict[str, list[NamedBytes]] = {}
+    for i, (field, part) in enumerate(form.multi_items()):
+        if field in FORM_FIELDS:
+            continue
+        if isinstance(part, str):
+            raise InputError(f"{field!r} must be a file part, not a text field")
+        shown = f"{field} part" if field != "file" else f"file part {i}"
+        upload = NamedBytes(await part.read(), part.filename or shown)
+        if not upload.data:
+            raise InputError(f"{field!r} part ({upload.shown}) is empty")
+        if field == "file":
+            plain.append(upload)
+        elif not field.isidentifier():
+            raise InputError(f"part name {field[:40]!r} is not a modality name")
+        else:
+            modal.setdefault(field, []).append(upload)
+    if plain and modal:
+        raise InputError(
+            "multipart upload mixes 'file' parts with modality parts "
+            f"({', '.join(modal)}); send one or the other"
+        )
+    if not plain and not modal:
+        raise InputError(
+            "multipart upload needs one or more 'file' parts, or one part per modality"
+        )
+    body = validate(
+        ImagesRequest,
+        {
+            "data": "<upload>",
+            "out_data_format": form.get("out_data_format") or "geotiff",
+            "options": form_json(form.get("options")),
+            "priority": form.get("priority") or 0,
+            "dates": form_dates(form.getlist("dates")),
+        },
+    )
+    return body, (modal if modal else list(plain))
