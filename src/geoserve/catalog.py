@@ -37,6 +37,7 @@ class ModelEntry:
     weights_hint: str = ""
     bands: list[int | str] | None = None  # None: every band of the input
     num_frames: int = 1
+    modalities: dict[str, list[int | str] | None] | None = None  # a multimodal model's
     patch_size: int | None = None
     output: str = "raw"  # the output kind: classes, probabilities or raw
     classes: list[str] = field(default_factory=list)
@@ -50,6 +51,12 @@ class ModelEntry:
             bands = _ranges(self.bands) if self.bands else "all"
             if len(bands) > BAND_LIST_WIDTH:
                 bands = f"{len(self.bands or ())} bands"
+            if self.modalities:  # "s2: B3,B8; s1: VV", or just the modality names
+                bands = "; ".join(
+                    f"{m}: {_ranges(b) if b else 'all'}" for m, b in self.modalities.items()
+                )
+                if len(bands) > BAND_LIST_WIDTH:
+                    bands = "+".join(self.modalities)
             if self.num_frames > 1:
                 bands += f" ({self.num_frames} dates)"
             output = ",".join(self.classes) if self.classes else self.output
@@ -86,6 +93,9 @@ def model_entries() -> list[ModelEntry]:
             selected = getattr(inp, "bands", None)
             entry.bands = list(selected) if selected else None
             entry.num_frames = inp.num_frames
+            modalities = getattr(inp, "modalities", None)
+            if modalities:
+                entry.modalities = {m.name: list(m.bands) if m.bands else None for m in modalities}
             entry.patch_size = getattr(inp, "patch_size", None)
             entry.output = out.kind
             entry.classes = list(getattr(out, "classes", ()) or ())

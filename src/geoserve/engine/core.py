@@ -283,10 +283,17 @@ class Engine(Admission):
         ``error`` and do not affect the others. A list item that is itself a list holds the
         dates of one place. For a list, ``output_path`` is a directory.
 
+        A dict is one request of several modalities, each on its own grid:
+        ``{"s2": "s2.tif", "s1": "s1.tif"}`` (each value one input, a list of its dates, or
+        a STAC Item). A multimodal model's forward gets one tensor per modality on its
+        reference grid; any other model reads the modalities' bands stacked, in the dict's
+        order, on the first modality's grid (bilinear). A list of dicts is several requests.
+
         ``dates`` are the inputs' acquisition dates (ISO strings, ``date`` or ``datetime``
         objects), for models that take dates: one per input raster, in order, or nested like
-        the inputs (``[["2020-05-01", "2020-06-01"]]`` for ``[["a.tif", "b.tif"]]``). They win
-        over the inputs' date tags and file-name stamps.
+        the inputs (``[["2020-05-01", "2020-06-01"]]`` for ``[["a.tif", "b.tif"]]``); for a
+        dict, a dict of modality name to its dates. They win over the inputs' date tags and
+        file-name stamps.
 
         Raises:
             GeoServeError: for a single input that failed; InputError: ``dates`` does not
