@@ -5,6 +5,9 @@
 - ``ndwi-water`` classifies water with the Normalized Difference Water Index,
   (green - NIR) / (green + NIR) > 0 (McFeeters 1996), from Sentinel-2 bands B3 and B8. It is a
   fixed spectral rule, not a learned model, and the baseline learned water models must beat.
+
+``s1s2-water`` (:mod:`geoserve.models.fusion`) adds Sentinel-1 radar where the optical image
+has no data.
 """
 
 from __future__ import annotations
@@ -55,5 +58,6 @@ class NdwiWater(nn.Module):
 
 
 def register() -> None:
-    """Entry point: the decorators here and in the demo model ran when imported."""
+    """Entry point: the decorators here, in the demo model and in the fusion model ran."""
     import geoserve.models.demo  # noqa: F401
+    import geoserve.models.fusion  # noqa: F401

@@ -114,6 +114,8 @@ class RasterInfo:
     """Bytes the opened input itself holds in memory (uploaded or decoded base64 bytes)."""
     date: dt.date | None = None
     """The acquisition date given with the input (``dates=``): it wins over tags and name."""
+    units: tuple[str | None, ...] = ()
+    """Each band's unit (GDAL's band unit type, ``"dB"``), where the file declares one."""
 
     @property
     def is_georeferenced(self) -> bool:
@@ -217,6 +219,7 @@ class DatasetSource(RasterSource):
             nodata=ds.nodata,
             descriptions=tuple(ds.descriptions),
             tags=ds.tags(),
+            units=tuple(u or None for u in ds.units),
             profile=dict(ds.profile),
             block_bytes=_block_bytes(ds),
             held_bytes=len(data) if data is not None else 0,
