@@ -207,3 +207,11 @@ def test_paths_of_modalities_are_checked_like_any_input(echo, tmp_path: Path, sc
     (tmp_path / "notes.txt").write_text("not a raster")
     with pytest.raises(Exception, match="modality 's1': .*notes.txt.*not a readable raster"):
         Engine(echo()).generate_image({"s2": s2, "s1": str(tmp_path / "notes.txt")})
+
+
+def test_a_missing_band_of_another_modality_gets_no_bands_hint(echo, scenes):
+    s2, _ = scenes
+    with pytest.raises(BandMismatchError) as info:
+        Engine(echo()).generate_image({"s2": s2, "s1": s2})  # an S2 file as S1: no VV
+    assert "modality 's1'" in str(info.value)
+    assert "--bands" not in str(info.value)

@@ -154,6 +154,9 @@ class Admission:
             for src in opened:
                 src.close()
             wanted = getattr(proc, "bands", None)
+            names = getattr(proc, "names", None)  # a multimodal model's modalities
+            if names and not str(exc).startswith(f"modality {names[0]!r}"):
+                wanted = None  # --bands selects the first modality's bands only
             if isinstance(exc, BandMismatchError) and wanted:
                 raise BandMismatchError(
                     f"{exc}; model {self.spec.name!r} reads bands "
