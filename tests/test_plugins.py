@@ -12,6 +12,7 @@ import numpy as np
 import rasterio
 
 from tests.conftest import write_bundled_corner
+from tests.multimodal_scenes import write_s1, write_s2
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -92,9 +93,13 @@ def test_allow_list_rejects_missing_plugin(tmp_path):
     assert "ndwi-water" in res.stdout
 
 
+def plugins_text() -> str:
+    return (ROOT / "docs" / "plugins.md").read_text()
+
+
 def plugin_doc() -> list[dict[str, list[str]]]:
     """docs/plugins.md's models: each one's module block, then its Python blocks and CLI lines."""
-    text = (ROOT / "docs" / "plugins.md").read_text()
+    text = plugins_text()
     models: list[dict[str, list[str]]] = []
     for lang, body in re.findall(r"```(python|bash)\n(.*?)```", text, flags=re.S):
         if lang == "python" and "register_model(" in body:
@@ -109,11 +114,14 @@ def plugin_doc() -> list[dict[str, list[str]]]:
 def test_docs_plugin_examples_run_as_scripts(tmp_path):
     """Each model's blocks, run as one script from a repository root (a corner of its scene)."""
     models = plugin_doc()
-    assert len(models) >= 2, "docs/plugins.md lost its examples"
+    assert len(models) >= 3, "docs/plugins.md lost its examples"
     assert all(m["run"] and m["cli"] for m in models)
     write_bundled_corner(tmp_path)
-    bright, change = models[0], models[1]
-    script = "\n".join(bright["module"] + bright["run"] + change["module"] + change["run"])
+    bright, change, fusion = models[0], models[1], models[2]
+    script = "\n".join(
+        bright["module"] + bright["run"] + change["module"] + change["run"]
+        + fusion["module"] + fusion["run"]
+    )  # fmt: skip
     script += textwrap.dedent(
         f"""
         # checks the docs do not show: the values the documented behaviour gives
@@ -125,11 +133,27 @@ def test_docs_plugin_examples_run_as_scripts(tmp_path):
         with rasterio.open("dark_water.tif") as dst:
             assert dst.dtypes[0] == "uint8" and dst.tags()["CLASS_NAMES"] == "land,water"
             assert dst.colormap(1)[1][:3] == (30, 90, 200)
+        # the multimodal one: on the S2 grid, water on the disc (a quarter of the side across)
+        for name in ("fused_water.tif", "optical_water.tif"):
+            with rasterio.open(name) as dst, rasterio.open("s2.tif") as s2:
+                assert (dst.crs, dst.transform, dst.shape) == (s2.crs, s2.transform, s2.shape)
+                assert dst.tags()["CLASS_NAMES"] == "land,water"
+                water = (dst.read(1) == 1).mean()
+            assert abs(water - 3.14159 / 16) < 0.01, (name, water)
         print("{SENTINEL}")
         """
     )
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    }
     res = subprocess.run(
-        [sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", script],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,  # the multimodal example imports the toy scenes from tests/
     )
     assert res.returncode == 0, res.stderr
     assert "patches;" in res.stdout
@@ -153,7 +177,11 @@ def test_docs_plugin_examples_as_installed_plugins(tmp_path):
             args = shlex.split(line)
             assert args[:2] == ["geoserve", "predict"]
             out = args[args.index("-o") + 1]
-            dates = [a for a in args[2:] if a.endswith(".tif") and a != out]
+            for pair in [a for a in args if "=" in a]:  # -i NAME=FILE: the toy scenes
+                name, file = pair.split("=", 1)
+                if not (root / file).exists():
+                    {"s2": write_s2, "s1": write_s1}[name](root / file)
+            dates = [a for a in args[2:] if a.endswith(".tif") and a != out and "=" not in a]
             for k, name in enumerate(dates):  # made up: the scene, then 10 % brighter
                 if (root / name).exists():
                     continue
@@ -172,6 +200,18 @@ def test_docs_plugin_examples_as_installed_plugins(tmp_path):
         expected = ((red * 1.1).astype("uint16") - red).astype("float32")
         # 2023-06-01 to 2023-07-01, from the file names: 30 days
         assert np.allclose(dst.read(1), expected * 1e-4 / 30, rtol=1e-4, atol=1e-7)
+    with rasterio.open(root / "fused_water.tif") as dst, rasterio.open(root / "s2.tif") as s2:
+        assert (dst.crs, dst.transform, dst.shape) == (s2.crs, s2.transform, s2.shape)
+        assert abs((dst.read(1) == 1).mean() - np.pi / 16) < 0.01  # the water disc
+    # what the page shows `geoserve info -i ...` print, it prints ("..." stands for lines)
+    shown = re.search(r"```\n\$ (geoserve info -i [^\n]*)\n(.*?)```", plugins_text(), re.S)
+    assert shown, "docs/plugins.md lost its `geoserve info -i` example"
+    res = run_cli(tmp_path, *shlex.split(shown.group(1))[1:], cwd=root)
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.splitlines()
+    for line in shown.group(2).splitlines():
+        if line.strip() and line != "...":
+            assert line in lines, f"{line!r} not in:\n{res.stdout}"
 
 
 def test_engine_runs_a_plugin_model_as_plugins_md_says(make_geotiff):

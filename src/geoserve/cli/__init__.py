@@ -46,7 +46,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "info":
             from geoserve.cli.inspect import cmd_info
 
-            return cmd_info(args)
+            return cmd_info(args, parser)
         if args.command == "serve":
             from geoserve.cli.serve import cmd_serve
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 
+from geoserve.cli.multimodal import modality_input
 from geoserve.cli.options import add_model_flags
 from geoserve.config import EngineConfig
 
@@ -56,6 +57,20 @@ def _debug(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _modality_flag(parser: argparse.ArgumentParser, what: str) -> None:
+    """``-i NAME=SOURCE``, repeatable: the modalities of one request (not with IN)."""
+    parser.add_argument(
+        "-i",
+        "--input",
+        dest="modalities",
+        action="append",
+        type=modality_input,
+        metavar="NAME=SOURCE",
+        help=f"a modality and its file (s2=S2.tif), repeatable: all -i form {what}, in the "
+        "order given; a NAME given again adds a date of it; not with IN",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (exposed for docs and tests)."""
     parser = argparse.ArgumentParser(
@@ -66,7 +81,13 @@ def build_parser() -> argparse.ArgumentParser:
     common = _model_options()
 
     p = sub.add_parser("predict", parents=[common], help="run a model on GeoTIFFs, write GeoTIFFs")
-    p.add_argument("inputs", nargs="+", metavar="IN", help="input GeoTIFF(s)")
+    p.add_argument(
+        "inputs",
+        nargs="*",
+        metavar="IN",
+        help="input GeoTIFF(s), each a request of its own (see --time-series); or use -i",
+    )
+    _modality_flag(p, "one request (one output)")
     p.add_argument(
         "-o",
         "--output",
@@ -82,7 +103,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--dates",
         metavar="D,D",
         help="acquisition dates of the inputs, one per input in order, as comma-separated ISO "
-        "dates (2020-06-01,2020-07-01); they win over date tags and file-name stamps",
+        "dates (2020-06-01,2020-07-01); with -i, NAME=DATE per date of the modalities "
+        "named (s2=2020-06-01,s1=2020-06-03); they win over date tags and file-name stamps",
     )
     ray = p.add_argument_group("Ray (needs geoserve[ray]; see docs/scaling.md)")
     ray.add_argument(
@@ -153,9 +175,24 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _debug(s)
 
-    i = sub.add_parser("info", help="describe a raster; with --model, whether it fits")
-    i.add_argument("input", metavar="IN", help="a GeoTIFF")
-    i.add_argument("-m", "--model", help="check the file against this model's needs")
+    i = sub.add_parser(
+        "info",
+        help="describe a raster; with --model, whether it fits; with -i, how modalities align",
+    )
+    i.add_argument(
+        "inputs",
+        nargs="*",
+        metavar="IN",
+        help="a GeoTIFF; several: the modalities of one request, named as the model names "
+        "them (as -i does)",
+    )
+    _modality_flag(i, "one request: each one's grid, and how the model's grid takes it")
+    i.add_argument(
+        "-m",
+        "--model",
+        help="check the file against this model's needs (with -i or several files: the "
+        f"model whose grid they are put on; default {DEFAULT_MODEL})",
+    )
     _debug(i)
 
     m = sub.add_parser("models", help="list registered models")

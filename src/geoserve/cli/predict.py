@@ -1,4 +1,8 @@
-"""``geoserve predict``: run a model on GeoTIFFs here (or on a Ray cluster), write GeoTIFFs."""
+"""``geoserve predict``: run a model on GeoTIFFs here (or on a Ray cluster), write GeoTIFFs.
+
+Inputs are files (``IN ...``: each a request, or with ``--time-series`` the dates of one) or
+modalities (``-i NAME=SOURCE ...``: together one request, see :mod:`geoserve.cli.multimodal`).
+"""
 
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from geoserve.cli.multimodal import dates_of, reference_of, request_of, sources_of
 from geoserve.cli.options import engine_config, known_keys, read_options
 from geoserve.cli.parser import DEFAULT_MODEL
 from geoserve.config import EngineConfig
@@ -63,6 +68,7 @@ def _interrupt(signum: int, frame: Any) -> None:
 def cmd_predict(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """``geoserve predict``: every input through the model; 1 if any failed."""
     signal.signal(signal.SIGTERM, _interrupt)
+    request = _modality_request(args, parser)
     from_file = read_options(args.config, known_keys(EngineConfig))
     config = engine_config(args, from_file)
     args.model = getattr(args, "model", None) or from_file.get("model") or DEFAULT_MODEL
@@ -79,10 +85,16 @@ def cmd_predict(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
 
         if args.ray:
             raise ConfigError("--dates cannot be combined with --ray")
-        args.dates = request_dates(args.dates.split(","), len(args.inputs), "--dates")
+        if request is not None:
+            args.dates = dates_of(args.dates, request)
+        else:
+            args.dates = request_dates(args.dates.split(","), len(args.inputs), "--dates")
     if args.ray:
         return _predict_on_ray(args, config)
-    bad = _unreadable_inputs(args, config.allowed_formats)
+    labelled = sources_of(request) if request else [(None, name) for name in args.inputs]
+    bad = _unreadable_inputs(labelled, config.allowed_formats)
+    if bad and request is not None:
+        return 1  # one request: it cannot run without all its modalities
     if bad and (args.time_series or len(bad) == len(args.inputs)):
         if len(args.inputs) > 1 and not args.time_series and not args.quiet:
             print(f"0 of {len(args.inputs)} inputs done, {len(args.inputs)} failed")
@@ -90,27 +102,60 @@ def cmd_predict(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
     with _notice(f"loading model {args.model}…", quiet=args.quiet):
         from geoserve.engine import Engine, resolve_model  # (torch's import: most of the wait)
 
-        _check_layout(args, resolve_model(args.model)[1].num_frames)  # before weights load
+        if request is None:  # (a dict request's modalities and dates: the processor checks)
+            _check_layout(args, resolve_model(args.model)[1].num_frames)  # before weights load
         engine = Engine(args.model, config)
     with engine:  # Ctrl-C closes it: unfinished outputs are removed, never left partial
-        return _predict_all(engine, args, skip=bad)
+        return _predict_all(engine, args, skip=bad, request=request)
 
 
-def _unreadable_inputs(args: argparse.Namespace, formats: Sequence[str]) -> set[str]:
+def _modality_request(
+    args: argparse.Namespace, parser: argparse.ArgumentParser
+) -> dict[str, Any] | None:
+    """The ``-i`` options as one request (modality -> source or dates); None for files.
+
+    Usage errors: no input at all, files and ``-i`` together, ``-i`` with ``--time-series``
+    or ``--ray``.
+    """
+    if not args.modalities:
+        if not args.inputs:
+            parser.error("predict: give input files (IN ...) or modalities (-i NAME=SOURCE ...)")
+        return None
+    if args.inputs:
+        files = args.inputs[0] + (" ..." if len(args.inputs) > 1 else "")
+        name, source = args.modalities[0]
+        parser.error(
+            f"predict: give input files ({files}) or modalities (-i {name}={source}), not both"
+        )
+    if args.time_series:
+        parser.error(
+            "predict: --time-series is for input files; with -i, give a modality's dates by "
+            "repeating its name (-i s2=june.tif -i s2=july.tif)"
+        )
+    if args.ray:
+        parser.error("predict: --ray runs input files, one request each; it does not take -i")
+    return request_of(args.modalities)
+
+
+def _unreadable_inputs(
+    inputs: Sequence[tuple[str | None, str]], formats: Sequence[str]
+) -> set[str]:
     """The local inputs that cannot be read, reported before the model loads.
 
-    Each is opened once (milliseconds; loading a model takes seconds); the others still run.
+    ``inputs``: (modality or None, source) pairs. Each is opened once (milliseconds; loading
+    a model takes seconds); the others still run.
     """
     from geoserve.raster.source import open_raster
 
     bad = set()
-    for name in args.inputs:
+    for modality, name in inputs:
         if "://" in name:
             continue  # a URL is read, and reported, by its own request
         try:
             open_raster(name, "path", formats=formats).close()
         except GeoServeError as exc:
-            print(f"geoserve: error: {exc}", file=sys.stderr)
+            where = f"modality {modality!r}: " if modality is not None else ""
+            print(f"geoserve: error: {where}{exc}", file=sys.stderr)
             bad.add(name)
     return bad
 
@@ -144,22 +189,31 @@ def _check_layout(args: argparse.Namespace, frames: int) -> None:
         raise ConfigError(f"-o {out}: exists and is not a directory (several inputs need one)")
 
 
-def _predict_all(engine: Any, args: argparse.Namespace, skip: set[str]) -> int:
-    """Run every input (but those in ``skip``, already reported unreadable); 1 if any failed."""
+def _predict_all(
+    engine: Any, args: argparse.Namespace, skip: set[str], request: dict[str, Any] | None = None
+) -> int:
+    """Run every input (but those in ``skip``, already reported unreadable); 1 if any failed.
+
+    ``request``: the modalities given with ``-i``, the one request (instead of the files).
+    """
     from geoserve.raster.sinks import output_paths
 
     out = Path(args.output)
     items: list[Any] = [list(args.inputs)] if args.time_series else list(args.inputs)
-    dates = [args.dates] if args.time_series else args.dates or [None] * len(items)
+    if request is not None:
+        items = [request]
+    one = args.time_series or request is not None
+    dates = [args.dates] if one else args.dates or [None] * len(items)
+    on = f" on {reference_of(engine.in_proc, list(request)).label()}" if request else ""
     if len(items) == 1:
-        target = out / f"{Path(args.inputs[0]).stem}_pred.tif" if out.is_dir() else out
-        paths: list[Path | None] = [target]
+        # named after the first input (the first modality's): output_paths' rule
+        paths: list[Path | None] = [output_paths(items, out)[0] if out.is_dir() else out]
     else:
         out.mkdir(parents=True, exist_ok=True)
         paths = list(output_paths(items, out))
     t0 = time.perf_counter()
     for item, path, when in zip(items, paths, dates, strict=False):
-        if isinstance(item, list) or item not in skip:
+        if isinstance(item, list | dict) or item not in skip:
             engine.add_request(item, output_path=path, request_id=str(path), dates=when)
     total = engine.queued_patches
     progress = None
@@ -177,7 +231,7 @@ def _predict_all(engine: Any, args: argparse.Namespace, skip: set[str]) -> int:
             progress.update(total - engine.queued_patches, final=not engine.has_unfinished())
         for result in results:
             patches += result.num_patches
-            failed += _report(result, args, quicklooks, engine.in_proc)
+            failed += _report(result, args, quicklooks, engine.in_proc, on)
     if not args.quiet and len(items) > 1:
         dt = time.perf_counter() - t0
         print(
@@ -208,8 +262,12 @@ def _report(
     args: argparse.Namespace,
     quicklooks: dict[str, Any],
     in_proc: Any = None,
+    on: str = "",
 ) -> int:
-    """Print one finished request, then draw its quicklook; 1 if it failed."""
+    """Print one finished request, then draw its quicklook; 1 if it failed.
+
+    ``on``: words saying which grid a request of modalities is on (`` on the grid of s2``).
+    """
     if result.error is not None:
         if args.debug:
             traceback.print_exception(result.error)
@@ -219,7 +277,7 @@ def _report(
     assert o is not None
     if not args.quiet:
         print(
-            f"wrote {o.path} ({o.width}x{o.height}, {o.count} band(s) {o.dtype}, "
+            f"wrote {o.path} ({o.width}x{o.height}{on}, {o.count} band(s) {o.dtype}, "
             f"{result.num_patches} patches, {result.timings.total:.2f} s)",
             flush=True,
         )
@@ -227,7 +285,7 @@ def _report(
         from geoserve.quicklook import model_band_roles, render_quicklook
 
         item, png = quicklooks[result.request_id]
-        first = item[0] if isinstance(item, list) else item
+        first = _drawn(item, in_proc)
         assert o.path is not None
         if not args.quiet:
             print("drawing quicklook…", file=sys.stderr, flush=True)
@@ -235,3 +293,10 @@ def _report(
         if not args.quiet:
             print(f"wrote {png} (quicklook)")
     return 0
+
+
+def _drawn(item: Any, in_proc: Any) -> Any:
+    """The input a quicklook draws: the first date; of modalities, the reference's."""
+    if isinstance(item, dict):
+        item = item[reference_of(in_proc, list(item)).name]
+    return item[0] if isinstance(item, list) else item
