@@ -22,8 +22,7 @@ from rasterio.warp import transform as warp
 
 from geoserve.cli import main
 from geoserve.cli.multimodal import coverage, modality_input, request_of
-from geoserve.processors import RawReassembler
-from geoserve.processors.multimodal import Modality, MultimodalPatcher
+from geoserve.processors import Modality, MultimodalPatcher, RawReassembler
 from geoserve.raster.align import TargetGrid
 from tests.multimodal_scenes import write_s1, write_s2
 from tests.test_cli_first_use import imported_after

@@ -14,8 +14,7 @@ from rasterio.warp import Resampling, reproject
 
 from geoserve import Engine
 from geoserve.errors import BandMismatchError, ConfigError, InputError
-from geoserve.processors import RawReassembler
-from geoserve.processors.multimodal import Modality, MultimodalPatcher
+from geoserve.processors import Modality, MultimodalPatcher, RawReassembler
 from tests.multimodal_scenes import write_s1, write_s2
 
 SIZE = 128

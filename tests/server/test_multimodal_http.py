@@ -16,8 +16,7 @@ import rasterio
 import torch
 
 from geoserve import Engine
-from geoserve.processors import RawReassembler
-from geoserve.processors.multimodal import Modality, MultimodalPatcher
+from geoserve.processors import Modality, MultimodalPatcher, RawReassembler
 from geoserve.registry import INPUT_REGISTRY, MODEL_REGISTRY, OUTPUT_REGISTRY
 from tests.conftest import serve_ranges
 from tests.multimodal_scenes import write_s1, write_s2

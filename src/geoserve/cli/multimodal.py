@@ -110,21 +110,13 @@ def reference_of(in_proc: Any, names: Sequence[str]) -> Reference:
     else the first of its declared modalities the request gives (with its fixed ``crs`` and
     ``resolution``, if any); any other processor stacks the modalities on the first one's grid.
     """
-    declared = [m.name for m in getattr(in_proc, "modalities", ())]
-    if not declared:
-        return Reference(names[0])
-    ref: str = getattr(in_proc, "reference", None) or ""
-    if ref not in names:
-        ref = next((n for n in declared if n in names), names[0])
+    ref = in_proc.reference_modality(list(names))
     return Reference(ref, getattr(in_proc, "crs", None), getattr(in_proc, "resolution", None))
 
 
 def resampling_of(in_proc: Any, name: str) -> str:
     """How modality ``name`` is resampled onto the reference grid."""
-    for m in getattr(in_proc, "modalities", ()):
-        if m.name == name:
-            return str(m.resampling)
-    return "bilinear"  # a single-stack processor (stack_modalities)
+    return str(in_proc.resampling_of(name))
 
 
 # -- words for grids ---------------------------------------------------------------------------

@@ -23,7 +23,7 @@ from geoserve.engine.limits import check_request, warn_if_disk_short
 from geoserve.engine.request import Request
 from geoserve.engine.scheduler import Scheduler
 from geoserve.errors import BandMismatchError, ConfigError, GeoServeError, InputError, prefixed
-from geoserve.processors.base import InputProcessor, OutputProcessor
+from geoserve.processors.base import InputProcessor, OutputProcessor, RasterContext
 from geoserve.raster.dates import DateLike, request_dates
 from geoserve.raster.sinks import make_sink
 from geoserve.raster.source import DataFormat, RasterLike, RasterSource, open_raster
@@ -123,27 +123,8 @@ class Admission:
         """
         proc = in_proc or self.in_proc
         opened: list[RasterSource] = []
-        sources: list[RasterSource] = []
         try:
-            if isinstance(inputs, Mapping):
-                by_name: dict[str, list[RasterSource]] = {}
-                for name, items in inputs.items():
-                    when = dates.get(name) if isinstance(dates, Mapping) else None
-                    by_name[name] = []
-                    for i, item in enumerate(items):
-                        try:
-                            src = self._open(item, data_format, when[i] if when else None)
-                        except GeoServeError as exc:
-                            raise prefixed(exc, f"modality {name!r}") from None
-                        opened.append(src)
-                        by_name[name].append(src)
-                sources, ctx = proc.prepare_modalities(by_name, self.read_workers)
-            else:
-                for i, item in enumerate(inputs):
-                    when_i = dates[i] if isinstance(dates, Sequence) else None
-                    opened.append(self._open(item, data_format, when_i))
-                sources = opened
-                ctx = proc.prepare(sources)
+            sources, ctx = self._plan(proc, inputs, data_format, dates, opened)
             path = None
             if out_format == "path":
                 path = output_path or self.output_dir / f"{request_id}.tif"
@@ -153,16 +134,8 @@ class Admission:
         except BaseException as exc:
             for src in opened:
                 src.close()
-            wanted = getattr(proc, "bands", None)
-            names = getattr(proc, "names", None)  # a multimodal model's modalities
-            if names and not str(exc).startswith(f"modality {names[0]!r}"):
-                wanted = None  # --bands selects the first modality's bands only
-            if isinstance(exc, BandMismatchError) and wanted:
-                raise BandMismatchError(
-                    f"{exc}; model {self.spec.name!r} reads bands "
-                    f"{', '.join(map(str, wanted))} (choose others with --bands on the command "
-                    "line, bands= in Python or options.bands over HTTP)"
-                ) from exc
+            if isinstance(exc, BandMismatchError):
+                raise self._with_bands_hint(exc, proc) from exc
             raise
         req = kind(
             request_id,
@@ -187,6 +160,47 @@ class Admission:
             req.close()
             raise
         return req
+
+    def _plan(
+        self,
+        proc: InputProcessor,
+        inputs: Sequence[RasterLike] | Mapping[str, Sequence[RasterLike]],
+        data_format: DataFormat,
+        dates: Any,
+        opened: list[RasterSource],
+    ) -> tuple[Sequence[RasterSource], RasterContext]:
+        """Open ``inputs`` (appending each to ``opened``) and let ``proc`` plan the request."""
+        if not isinstance(inputs, Mapping):
+            for i, item in enumerate(inputs):
+                when_i = dates[i] if isinstance(dates, Sequence) else None
+                opened.append(self._open(item, data_format, when_i))
+            return opened, proc.prepare(opened)
+        by_name: dict[str, list[RasterSource]] = {}
+        for name, items in inputs.items():
+            when = dates.get(name) if isinstance(dates, Mapping) else None
+            by_name[name] = []
+            for i, item in enumerate(items):
+                try:
+                    src = self._open(item, data_format, when[i] if when else None)
+                except GeoServeError as exc:
+                    raise prefixed(exc, f"modality {name!r}") from None
+                opened.append(src)
+                by_name[name].append(src)
+        return proc.prepare_modalities(by_name, self.read_workers)
+
+    def _with_bands_hint(self, exc: BandMismatchError, proc: InputProcessor) -> BandMismatchError:
+        """``exc`` with the bands the model reads and how to choose others, where that helps."""
+        wanted = getattr(proc, "bands", None)
+        names = getattr(proc, "names", None)  # a multimodal model's modalities
+        if names and not str(exc).startswith(f"modality {names[0]!r}"):
+            wanted = None  # --bands selects the first modality's bands only
+        if not wanted:
+            return exc
+        return BandMismatchError(
+            f"{exc}; model {self.spec.name!r} reads bands {', '.join(map(str, wanted))} "
+            "(choose others with --bands on the command line, bands= in Python or "
+            "options.bands over HTTP)"
+        )
 
     def _stitch_device(self, out_proc: OutputProcessor) -> torch.device | None:
         """Where a request's canvas lives: on the device with ``preprocess="device"``.

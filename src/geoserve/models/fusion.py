@@ -27,9 +27,8 @@ from torch import nn
 
 from geoserve.errors import BandMismatchError, ConfigError, InputError
 from geoserve.models.builtin import NDWI_SHARPNESS
-from geoserve.processors import SegmentationReassembler
+from geoserve.processors import Modality, MultimodalPatcher, SegmentationReassembler
 from geoserve.processors.base import Modalities, RasterContext
-from geoserve.processors.multimodal import Modality, MultimodalPatcher
 from geoserve.raster.bands import resolve_bands
 from geoserve.raster.source import RasterSource
 from geoserve.registry import INPUT_REGISTRY, MODEL_REGISTRY, OUTPUT_REGISTRY

@@ -10,6 +10,7 @@ from geoserve.processors.base import (
     PatchRow,
     RasterContext,
 )
+from geoserve.processors.multimodal import Modality, MultimodalPatcher
 from geoserve.processors.patcher import GeoTiffPatcher
 from geoserve.processors.reassemblers import RawReassembler, SegmentationReassembler
 
@@ -21,6 +22,8 @@ __all__ = [
     "Canvas",
     "GeoTiffPatcher",
     "InputProcessor",
+    "Modality",
+    "MultimodalPatcher",
     "OutputKind",
     "OutputProcessor",
     "PatchRow",

@@ -165,6 +165,14 @@ class InputProcessor(ABC, Configurable):
         stacks = stack_modalities(modalities, threads)
         return stacks, self.prepare(stacks)
 
+    def reference_modality(self, names: Sequence[str]) -> str:
+        """Which of a request's modalities ``names`` gives the grid (by default the first)."""
+        return names[0]
+
+    def resampling_of(self, modality: str) -> str:
+        """How ``modality`` is put on the reference grid (bilinear by default)."""
+        return "bilinear"
+
     def band_selectors(self, modality: str | None = None) -> Sequence[int | str] | None:
         """The bands this processor reads (of ``modality``, for a multimodal one); None: all.
 

@@ -173,6 +173,19 @@ class MultimodalPatcher(InputProcessor):
             changes["stride"] = None
         return dataclasses.replace(self, **changes) if changes else self
 
+    def reference_modality(self, names: Sequence[str]) -> str:
+        """Its ``reference`` when the request gives it, else the first declared one given."""
+        if self.reference is not None and self.reference in names:
+            return self.reference
+        return next((n for n in self.names if n in names), names[0])
+
+    def resampling_of(self, modality: str) -> str:
+        """The declared modality's resampling."""
+        for m in self.modalities:
+            if m.name == modality:
+                return m.resampling
+        return "bilinear"
+
     def band_selectors(self, modality: str | None = None) -> Sequence[int | str] | None:
         """The bands read of ``modality`` (the first one when None)."""
         for m in self.modalities:
@@ -229,11 +242,7 @@ class MultimodalPatcher(InputProcessor):
             if m.nodata is not None:  # before warping, which must know the missing values
                 for src in modalities[m.name]:
                     src.info = dataclasses.replace(src.info, nodata=m.nodata)
-        ref_name = (
-            self.reference
-            if self.reference is not None and self.reference in modalities
-            else given[0].name
-        )
+        ref_name = self.reference_modality(list(modalities))
         ref = modalities[ref_name][0].info
         if self.crs is not None or self.resolution is not None:
             target = TargetGrid.covering(ref, self.crs, self.resolution)
