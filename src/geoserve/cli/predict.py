@@ -102,11 +102,12 @@ def _unreadable_inputs(args: argparse.Namespace, formats: Sequence[str]) -> set[
     Each is opened once (milliseconds; loading a model takes seconds); the others still run.
     """
     from geoserve.raster.source import open_raster
+    from geoserve.raster.stac_item import is_stac_input
 
     bad = set()
     for name in args.inputs:
-        if "://" in name:
-            continue  # a URL is read, and reported, by its own request
+        if "://" in name or is_stac_input(name):
+            continue  # a URL or a STAC Item is read, and reported, by its own request
         try:
             open_raster(name, "path", formats=formats).close()
         except GeoServeError as exc:
@@ -229,6 +230,11 @@ def _report(
         item, png = quicklooks[result.request_id]
         first = item[0] if isinstance(item, list) else item
         assert o.path is not None
+        from geoserve.raster.stac_item import is_stac_input
+
+        if is_stac_input(first):
+            print(f"no quicklook of {first}: a STAC Item input is not drawn", file=sys.stderr)
+            return 0
         if not args.quiet:
             print("drawing quicklook…", file=sys.stderr, flush=True)
         render_quicklook(first, o.path, png, roles=model_band_roles(in_proc, first))
