@@ -146,11 +146,12 @@ def _unreadable_inputs(
     a model takes seconds); the others still run.
     """
     from geoserve.raster.source import open_raster
+    from geoserve.raster.stac_item import is_stac_input
 
     bad = set()
     for modality, name in inputs:
-        if "://" in name:
-            continue  # a URL is read, and reported, by its own request
+        if "://" in name or is_stac_input(name):
+            continue  # a URL or a STAC Item is read, and reported, by its own request
         try:
             open_raster(name, "path", formats=formats).close()
         except GeoServeError as exc:
@@ -287,6 +288,11 @@ def _report(
         item, png = quicklooks[result.request_id]
         first = _drawn(item, in_proc)
         assert o.path is not None
+        from geoserve.raster.stac_item import is_stac_input
+
+        if is_stac_input(first):
+            print(f"no quicklook of {first}: a STAC Item input is not drawn", file=sys.stderr)
+            return 0
         if not args.quiet:
             print("drawing quicklook…", file=sys.stderr, flush=True)
         render_quicklook(first, o.path, png, roles=model_band_roles(in_proc, first))

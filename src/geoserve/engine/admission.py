@@ -22,11 +22,13 @@ from geoserve.config import EngineConfig
 from geoserve.engine.limits import check_request, warn_if_disk_short
 from geoserve.engine.request import Request
 from geoserve.engine.scheduler import Scheduler
+from geoserve.engine.stac_inputs import StacPlan, stac_processor
 from geoserve.errors import BandMismatchError, ConfigError, GeoServeError, InputError, prefixed
 from geoserve.processors.base import InputProcessor, OutputProcessor, RasterContext
 from geoserve.raster.dates import DateLike, request_dates
 from geoserve.raster.sinks import make_sink
 from geoserve.raster.source import DataFormat, RasterLike, RasterSource, open_raster
+from geoserve.raster.stac_item import is_stac_input
 from geoserve.registry import ModelSpec
 from geoserve.schemas import OUT_FORMATS, ImageRequestOutput, OutFormat
 
@@ -92,15 +94,47 @@ class Admission:
         return self._output_dir
 
     def _open(
-        self, item: RasterLike, data_format: DataFormat, date: dt.date | None
+        self,
+        item: RasterLike,
+        data_format: DataFormat,
+        date: dt.date | None,
+        stac: StacPlan | None = None,
     ) -> RasterSource:
-        """One input opened through the allowed drivers (headers only)."""
-        src = open_raster(
-            item, data_format, threads=self.read_workers, formats=self.config.allowed_formats
-        )
+        """One input opened through the allowed drivers (headers only).
+
+        A STAC Item (``stac``: which of its bands) becomes one stack of the files it names.
+        """
+        kw: dict[str, Any] = {"threads": self.read_workers, "formats": self.config.allowed_formats}
+        if stac is not None and is_stac_input(item, data_format):
+            src: RasterSource = stac.open(item, kw)
+        else:
+            src = open_raster(item, data_format, **kw)
         if date is not None:  # given: wins over tags and name
             src.info = dataclasses.replace(src.info, date=date)
         return src
+
+    def _open_modalities(
+        self,
+        inputs: Mapping[str, Sequence[RasterLike]],
+        data_format: DataFormat,
+        dates: Any,
+        proc: InputProcessor,
+        opened: list[RasterSource],
+    ) -> dict[str, list[RasterSource]]:
+        """A dict request's inputs opened, by modality (each also appended to ``opened``)."""
+        by_name: dict[str, list[RasterSource]] = {}
+        for name, items in inputs.items():
+            when = dates.get(name) if isinstance(dates, Mapping) else None
+            plan = StacPlan.of(proc, name)
+            by_name[name] = []
+            for i, item in enumerate(items):
+                try:
+                    src = self._open(item, data_format, when[i] if when else None, plan)
+                except GeoServeError as exc:
+                    raise prefixed(exc, f"modality {name!r}") from None
+                opened.append(src)
+                by_name[name].append(src)
+        return by_name
 
     def _new_request(
         self,
@@ -124,6 +158,7 @@ class Admission:
         proc = in_proc or self.in_proc
         opened: list[RasterSource] = []
         try:
+            proc = stac_processor(proc, inputs, data_format)
             sources, ctx = self._plan(proc, inputs, data_format, dates, opened)
             path = None
             if out_format == "path":
@@ -170,23 +205,14 @@ class Admission:
         opened: list[RasterSource],
     ) -> tuple[Sequence[RasterSource], RasterContext]:
         """Open ``inputs`` (appending each to ``opened``) and let ``proc`` plan the request."""
-        if not isinstance(inputs, Mapping):
-            for i, item in enumerate(inputs):
-                when_i = dates[i] if isinstance(dates, Sequence) else None
-                opened.append(self._open(item, data_format, when_i))
-            return opened, proc.prepare(opened)
-        by_name: dict[str, list[RasterSource]] = {}
-        for name, items in inputs.items():
-            when = dates.get(name) if isinstance(dates, Mapping) else None
-            by_name[name] = []
-            for i, item in enumerate(items):
-                try:
-                    src = self._open(item, data_format, when[i] if when else None)
-                except GeoServeError as exc:
-                    raise prefixed(exc, f"modality {name!r}") from None
-                opened.append(src)
-                by_name[name].append(src)
-        return proc.prepare_modalities(by_name, self.read_workers)
+        if isinstance(inputs, Mapping):
+            by_name = self._open_modalities(inputs, data_format, dates, proc, opened)
+            return proc.prepare_modalities(by_name, self.read_workers)
+        plan = StacPlan.of(proc)
+        for i, item in enumerate(inputs):
+            when_i = dates[i] if isinstance(dates, Sequence) else None
+            opened.append(self._open(item, data_format, when_i, plan))
+        return opened, proc.prepare(opened)
 
     def _with_bands_hint(self, exc: BandMismatchError, proc: InputProcessor) -> BandMismatchError:
         """``exc`` with the bands the model reads and how to choose others, where that helps."""

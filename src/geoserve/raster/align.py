@@ -166,6 +166,8 @@ class WarpedSource(RasterSource):
             )
         self.source = source
         self.grid = grid
+        self.resampling = resampling
+        self.tolerance = tolerance
         self._memfile: MemoryFile | None = None
         dataset = source.dataset if isinstance(source, DatasetSource) else self._in_memory(source)
         nodata = source_nodata(src)
@@ -229,13 +231,20 @@ class WarpedSource(RasterSource):
             ) from exc
         return out
 
-    def close(self) -> None:
-        """Close the warper and the input."""
+    def release(self) -> RasterSource:
+        """Close the warper but not the input, and hand the input back (to warp it anew)."""
         vrt = getattr(self, "_vrt", None)
         if vrt is not None:
             vrt.close()
+            self._vrt = None
         if self._memfile is not None:
             self._memfile.close()
+            self._memfile = None
+        return self.source
+
+    def close(self) -> None:
+        """Close the warper and the input."""
+        self.release()
         self.source.close()
 
 
@@ -249,9 +258,18 @@ class StackedSource(RasterSource):
     Args:
         parts: The inputs, all on the first one's grid.
         name: How messages name the stack.
+        bands: Per input, the 0-based bands of it to stack (``None``: all of them).
+        resampling: Per input, how it is resampled when the stack is put on another grid
+            (:meth:`onto`); default bilinear. A :class:`WarpedSource` input keeps its own.
     """
 
-    def __init__(self, parts: Sequence[RasterSource], name: str) -> None:
+    def __init__(
+        self,
+        parts: Sequence[RasterSource],
+        name: str,
+        bands: Sequence[Sequence[int] | None] | None = None,
+        resampling: Sequence[str] | None = None,
+    ) -> None:
         if not parts:
             raise InputError(f"{name}: nothing to stack")
         first = parts[0].info
@@ -261,13 +279,26 @@ class StackedSource(RasterSource):
                     f"{part.info.name}: not on the grid of {first.name}; align it first"
                 )
         infos = [p.info for p in parts]
+        chosen = list(bands) if bands is not None else [None] * len(parts)
+        if len(chosen) != len(parts):
+            raise ValueError("one band selection per part")
+        self.bands: list[tuple[int, ...]] = []
+        for info, sel in zip(infos, chosen, strict=True):
+            picked = tuple(range(info.count)) if sel is None else tuple(sel)
+            bad = [b for b in picked if not 0 <= b < info.count]
+            if bad:
+                raise InputError(
+                    f"{info.name}: band {bad[0] + 1} requested; it has {count(info.count, 'band')}"
+                )
+            self.bands.append(picked)
+        self.resampling = tuple(resampling or ["bilinear"] * len(parts))
         keys = {(i.dtype, None if i.nodata is None else float(i.nodata)) for i in infos}
         self._convert = len(keys) > 1
         dtype = "float32" if self._convert else first.dtype
         nodata = None if self._convert else first.nodata
         self.parts = list(parts)
-        self._owner = [(i, b) for i, info in enumerate(infos) for b in range(info.count)]
-        descriptions = tuple(d for info in infos for d in info.descriptions)
+        self._owner = [(i, b) for i, picked in enumerate(self.bands) for b in picked]
+        descriptions = tuple(infos[i].descriptions[b] for i, b in self._owner)
         total = len(descriptions)
         self.info = dataclasses.replace(
             first,
@@ -306,6 +337,25 @@ class StackedSource(RasterSource):
             out[[pos for pos, _ in pairs]] = data
         return out
 
+    def onto(self, grid: TargetGrid, threads: int = 1) -> StackedSource:
+        """The stack on ``grid``: each input warped there from its own pixels (never twice).
+
+        The new stack keeps this one's name, band descriptions, tags and date; it owns the
+        inputs from now on (close it, not this one).
+        """
+        moved: list[RasterSource] = []
+        for part, how in zip(self.parts, self.resampling, strict=True):
+            if isinstance(part, WarpedSource):
+                how = part.resampling
+                moved.append(align(part.release(), grid, how, threads))
+            else:
+                moved.append(align(part, grid, how, threads))
+        new = StackedSource(moved, self.info.name, self.bands, self.resampling)
+        new.info = dataclasses.replace(
+            new.info, descriptions=self.info.descriptions, tags=self.info.tags, date=self.info.date
+        )
+        return new
+
     def close(self) -> None:
         """Close every input."""
         for part in self.parts:
@@ -315,9 +365,15 @@ class StackedSource(RasterSource):
 def align(
     source: RasterSource, grid: TargetGrid, resampling: str = "bilinear", threads: int = 1
 ) -> RasterSource:
-    """``source`` on ``grid``: itself when it is on it already, else a :class:`WarpedSource`."""
+    """``source`` on ``grid``: itself when it is on it already, else a :class:`WarpedSource`.
+
+    A :class:`StackedSource` is moved input by input (:meth:`StackedSource.onto`), each with
+    its own resampling; ``resampling`` is then not used.
+    """
     if grid.matches(source.info):
         return source
+    if isinstance(source, StackedSource):
+        return source.onto(grid, threads)
     return WarpedSource(source, grid, resampling, threads)
 
 
