@@ -182,8 +182,8 @@ def test_a_bad_item_fails_alone_naming_item_asset_and_file(scenes, identity, tmp
 
 
 def test_an_item_is_never_read_through_a_path_input(scenes, identity):
-    """The server passes paths with data_format="path": an Item file is then just a JSON file
-    (refused unread), so a client cannot make the server open the files an Item names."""
+    """With data_format="path" a path string is a raster: an Item file is then just a JSON file,
+    refused unread. (The server reads a client's Item itself, as a StacItem with its guards.)"""
     with pytest.raises(RasterReadError, match=r"not a readable raster \(the content is a JSON"):
         identity.prepare_request(str(scenes / "s2" / "s2_item.json"), data_format="path")
 

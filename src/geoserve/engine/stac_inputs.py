@@ -59,6 +59,8 @@ class StacPlan:
             raise prefixed(exc, stac.name) from None
 
         def opener(href: str) -> RasterSource:
+            if stac.vet is not None:  # the server's allow-lists, before anything is opened
+                href = stac.vet(href)
             kind: DataFormat = "url" if href.startswith(("http://", "https://")) else "path"
             return open_raster(href, kind, **kw)
 

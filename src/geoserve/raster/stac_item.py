@@ -14,8 +14,9 @@ location), a media ``type``, ``roles`` and the bands the file holds (the ``eo:ba
 An Item names other files, so where its hrefs may point is restricted: an Item read from a URL
 may name only http(s) URLs (never a local file), one read from a local file also local paths;
 other schemes (``s3://``, ``gs://``) are refused. Each file is then opened like any input, by
-the allowed GDAL drivers only (:mod:`geoserve.raster.trust`). The HTTP server never takes an
-Item from a client: this is a library and command-line input.
+the allowed GDAL drivers only (:mod:`geoserve.raster.trust`). The HTTP server reads an Item only
+from an allowed path or URL, and hands it a ``vet`` guard: every file the Item names must pass
+the same allow-lists as a path or URL the request named itself.
 """
 
 from __future__ import annotations
@@ -26,8 +27,8 @@ import os
 import re
 import urllib.error
 import urllib.request
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urljoin, urlsplit
@@ -100,6 +101,9 @@ class StacItem:
 
     data: Mapping[str, Any]
     location: str | None = None
+    vet: Callable[[str], str] | None = field(default=None, compare=False, repr=False)
+    """A guard every file the Item names passes before it is opened (the server's allow-lists):
+    it returns what to open (a resolved path, the URL) or raises ForbiddenInputError."""
 
     def __post_init__(self) -> None:
         data = self.data
@@ -138,10 +142,10 @@ class StacItem:
     def date(self) -> dt.date | None:
         """Its acquisition date: ``properties.datetime``, else ``start_datetime``."""
         props = self.data.get("properties", {})
-        for field in ("datetime", "start_datetime"):
-            value = props.get(field)
+        for key in ("datetime", "start_datetime"):
+            value = props.get(key)
             if value is not None:
-                return parse_date(value, f"{self.name}: properties.{field}")
+                return parse_date(value, f"{self.name}: properties.{key}")
         return None
 
     def bands(self) -> list[AssetBand]:
@@ -223,8 +227,13 @@ class StacItem:
         return os.path.normpath(os.path.join(os.path.dirname(str(self.location)), text))
 
     @classmethod
-    def read(cls, where: str | os.PathLike[str], max_bytes: int = MAX_ITEM_BYTES) -> StacItem:
-        """The Item in a local JSON file or at an http(s) URL.
+    def read(
+        cls,
+        where: str | os.PathLike[str],
+        max_bytes: int = MAX_ITEM_BYTES,
+        vet: Callable[[str], str] | None = None,
+    ) -> StacItem:
+        """The Item in a local JSON file or at an http(s) URL (``vet``: see the class).
 
         Raises:
             RasterReadError: a missing file; InputError: a failed download, too large, not
@@ -242,7 +251,16 @@ class StacItem:
                 raise InputError(f"{text}: larger than {max_bytes} bytes; not a STAC Item")
             raw = path.read_bytes()
             location = os.path.abspath(text)
-        return cls(_parse(raw, text), location)
+        return cls(_parse(raw, text), location, vet)
+
+    @classmethod
+    def parse(cls, raw: bytes, location: str, vet: Callable[[str], str] | None = None) -> StacItem:
+        """The Item in ``raw`` (JSON bytes, e.g. downloaded), read from ``location``.
+
+        Raises:
+            InputError: not JSON, or not a STAC Item.
+        """
+        return cls(_parse(raw, location), location, vet)
 
     @classmethod
     def of(cls, obj: Any) -> StacItem:

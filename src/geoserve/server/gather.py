@@ -14,13 +14,14 @@ that modality's dates).
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from starlette.requests import Request
 
-from geoserve.errors import InputError
+from geoserve.errors import ForbiddenInputError, InputError
 from geoserve.raster.source import DataFormat, NamedBytes, RasterLike
+from geoserve.raster.stac_item import MAX_ITEM_BYTES, StacItem, is_stac_input
 from geoserve.server.api_models import ImagesRequest, form_dates, form_json, validate
 from geoserve.server.inputs import check_url, fetch_url, remote_input, resolve_input_path
 from geoserve.server.settings import ServerSettings
@@ -73,19 +74,50 @@ async def _gather_list(
     if data_format == "bytes":
         return list(items), "bytes"
     if data_format == "path":
-        return [resolve_input_path(p, s.allowed_input_dirs) for p in items], "path"
+        paths: list[Any] = []  # (files, or STAC Items)
+        for p in items:
+            path = resolve_input_path(p, s.allowed_input_dirs)
+            # a STAC Item under an allowed directory: the files it names are vetted too
+            paths.append(StacItem.read(path, vet=stac_guard(s)) if is_stac_input(path) else path)
+        return paths, "path"
     if data_format == "url":
         limit = int(s.max_body_mb * 1024 * 1024)
-        data: list[RasterLike] = []
+        data: list[Any] = []  # (/vsicurl/ URLs, downloaded bytes, STAC Items)
         for u in items:
             left = deadline - time.monotonic()
-            if s.url_reads == "range":
+            if is_stac_input(u):  # an Item's JSON: fetched (no redirects, capped), then vetted
+                raw = await fetch_url(u, s.allowed_url_domains, min(limit, MAX_ITEM_BYTES), left)
+                data.append(StacItem.parse(raw, u, vet=stac_guard(s)))
+            elif s.url_reads == "range":
                 fmts = s.engine.allowed_formats
                 data.append(await remote_input(u, s.allowed_url_domains, limit, left, fmts))
             else:
                 data.append(await fetch_url(u, s.allowed_url_domains, limit, left))
         return data, "auto"  # /vsicurl/ paths and downloaded bytes
     return list(items), "b64"
+
+
+def stac_guard(s: ServerSettings) -> Callable[[str], str]:
+    """The check every file a client's STAC Item names must pass before it is opened.
+
+    A local file must lie under an ``--allowed-input-dir`` (resolved, like a path input); a
+    URL must be to an ``--allowed-url-domain``, and is read in place by range requests (a
+    server that downloads its URL inputs, ``--url-reads download``, refuses Item URLs: GDAL
+    would reach the network itself).
+    """
+
+    def vet(href: str) -> str:
+        if href.startswith(("http://", "https://")):
+            check_url(href, s.allowed_url_domains)
+            if s.url_reads != "range":
+                raise ForbiddenInputError(
+                    f"{href}: a STAC Item's files are read in place, and this server takes "
+                    "URL inputs only by downloading them (--url-reads download)"
+                )
+            return href
+        return resolve_input_path(href, s.allowed_input_dirs)
+
+    return vet
 
 
 async def parse_multipart(request: Request) -> tuple[ImagesRequest, Items]:
