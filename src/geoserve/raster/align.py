@@ -136,7 +136,10 @@ class WarpedSource(RasterSource):
     Reads return float32 with NaN where the input has nothing: outside its footprint, and
     where the values it draws on are its nodata. GDAL warps the grid in fixed blocks, reading
     only the source window each block needs, so the values do not depend on how the grid is
-    read (which rows, in what bands). An array input is put in an in-memory GeoTIFF first.
+    read (which rows, in what bands). A float input (NaN as its missing values) goes through
+    GDAL's fast kernels first, with the exact warp filling in what they leave (see
+    :meth:`read_rows`): the same values, in about a third of the time. An array input is put
+    in an in-memory GeoTIFF first.
     The input itself is closed with it.
 
     Args:
@@ -169,21 +172,23 @@ class WarpedSource(RasterSource):
         self._memfile: MemoryFile | None = None
         dataset = source.dataset if isinstance(source, DatasetSource) else self._in_memory(source)
         nodata = source_nodata(src)
+        self._fast: WarpedVRT | None = None
+        options = {
+            "crs": grid.crs,
+            "transform": grid.transform,
+            "width": grid.width,
+            "height": grid.height,
+            "resampling": resampling_of(resampling),
+            "src_nodata": nodata,
+            "dtype": "float32",
+            "tolerance": tolerance,
+            "warp_extras": {"NUM_THREADS": threads},
+        }
         try:
             with input_env():
-                self._vrt = WarpedVRT(
-                    dataset,
-                    crs=grid.crs,
-                    transform=grid.transform,
-                    width=grid.width,
-                    height=grid.height,
-                    resampling=resampling_of(resampling),
-                    src_nodata=nodata,
-                    nodata=np.nan,
-                    dtype="float32",
-                    tolerance=tolerance,
-                    warp_extras={"NUM_THREADS": threads},
-                )
+                self._vrt = WarpedVRT(dataset, nodata=np.nan, **options)
+                if nodata is not None and np.isnan(nodata):  # a float input: see read_rows
+                    self._fast = WarpedVRT(dataset, nodata=None, **options)
         except RasterioError as exc:
             self.close()
             raise InputError(
@@ -218,10 +223,23 @@ class WarpedSource(RasterSource):
         return self._memfile.open()
 
     def read_rows(self, row_start: int, row_stop: int, bands: Sequence[int]) -> NDArray[Any]:
-        """See :meth:`RasterSource.read_rows`: float32, NaN where the input has nothing."""
+        """See :meth:`RasterSource.read_rows`: float32, NaN where the input has nothing.
+
+        A float input is warped without a destination nodata value first: GDAL then takes its
+        fast kernels (a destination nodata value makes it track which output pixels are
+        valid, and that general kernel costs about three times as much). That warp leaves 0
+        where it writes nothing; every pixel it leaves at 0 or at a non-finite value (a NaN
+        drawn from the input) is read again from the exact warp, in whole columns of the
+        warper's blocks, so the result is the exact warp's, bit for bit.
+        """
+        indexes = [b + 1 for b in bands]
         window = Window(0, row_start, self.grid.width, row_stop - row_start)
         try:
-            out: NDArray[Any] = self._vrt.read([b + 1 for b in bands], window=window)
+            if self._fast is None:
+                out: NDArray[Any] = self._vrt.read(indexes, window=window)
+            else:
+                out = self._fast.read(indexes, window=window)
+                self._patch_from_exact(out, indexes, row_start, row_stop)
         except RasterioError as exc:
             raise RasterReadError(
                 f"{self.source.info.name}: cannot read it onto the reference grid, rows "
@@ -229,11 +247,39 @@ class WarpedSource(RasterSource):
             ) from exc
         return out
 
+    def _patch_from_exact(
+        self, out: NDArray[Any], indexes: list[int], row_start: int, row_stop: int
+    ) -> None:
+        """Replace the pixels of ``out`` the fast warp may have left (0, NaN, inf) by the exact's.
+
+        The exact warp is read in runs of whole columns of its blocks: a window cut elsewhere
+        would be warped in other pieces, and could differ at the input's edges.
+        """
+        redo = ~np.isfinite(out)
+        redo |= out == 0
+        if not redo.any():
+            return
+        block = max(1, int(self._vrt.block_shapes[0][1]))
+        width = self.grid.width
+        wanted = np.logical_or.reduceat(redo.any(axis=(0, 1)), np.arange(0, width, block))
+        first = None
+        for i, need in enumerate([*wanted.tolist(), False]):
+            if need and first is None:
+                first = i
+            elif not need and first is not None:
+                c0, c1 = first * block, min(width, i * block)
+                window = Window(c0, row_start, c1 - c0, row_stop - row_start)
+                exact = self._vrt.read(indexes, window=window)
+                part, mask = out[..., c0:c1], redo[..., c0:c1]
+                part[mask] = exact[mask]
+                first = None
+
     def close(self) -> None:
-        """Close the warper and the input."""
-        vrt = getattr(self, "_vrt", None)
-        if vrt is not None:
-            vrt.close()
+        """Close the warpers and the input."""
+        for name in ("_fast", "_vrt"):
+            vrt = getattr(self, name, None)
+            if vrt is not None:
+                vrt.close()
         if self._memfile is not None:
             self._memfile.close()
         self.source.close()
