@@ -63,12 +63,20 @@ def s2_array(size: int, seed: int = 0, rows: slice | None = None) -> np.ndarray:
     return np.clip(out, 1, 10000).astype(np.uint16)
 
 
-def write_s2(path: Path, size: int = 512, seed: int = 0, **profile: Any) -> Path:
-    """The S2-like scene as a tiled, DEFLATE GeoTIFF, written in bands of rows."""
+def write_s2(
+    path: Path, size: int = 512, seed: int = 0, height: int | None = None, **profile: Any
+) -> Path:
+    """The S2-like scene as a tiled, DEFLATE GeoTIFF, written in bands of rows.
+
+    ``height``: a scene of only ``height`` rows (``size`` by default) on the same grid, with
+    the ramp and water disc of the ``size`` x ``size`` scene; for a multiple of 1024 rows,
+    exactly its first rows (the noise is drawn per band of 1024 rows).
+    """
+    height = size if height is None else height
     prof = {
         "driver": "GTiff",
         "width": size,
-        "height": size,
+        "height": height,
         "count": 4,
         "dtype": "uint16",
         "crs": S2_CRS,
@@ -81,8 +89,8 @@ def write_s2(path: Path, size: int = 512, seed: int = 0, **profile: Any) -> Path
         **profile,
     }
     with rasterio.open(path, "w", **prof) as dst:
-        for start in range(0, size, 1024):
-            rows = slice(start, min(size, start + 1024))
+        for start in range(0, height, 1024):
+            rows = slice(start, min(height, start + 1024))
             window = rasterio.windows.Window(0, start, size, rows.stop - start)
             dst.write(s2_array(size, seed, rows), window=window)
         dst.descriptions = ("B2", "B3", "B4", "B8")

@@ -1,0 +1,286 @@
+"""GDAL's warper: one input seen on another grid, read a band of rows at a time.
+
+:class:`WarpedSource` shows an opened input on a :class:`TargetGrid` (the reference grid of a
+request: :mod:`geoserve.raster.align`) through a :class:`~rasterio.vrt.WarpedVRT` on its
+dataset. GDAL reads only the source windows the requested rows cover, so memory follows the
+grid's width, and warps in fixed blocks of its own, so a value does not depend on which rows
+are asked for. Values are float32, NaN wherever the input has nothing (outside its footprint,
+or its nodata).
+
+GDAL approximates the coordinate transform piecewise (within :data:`WARP_TOLERANCE` of a
+pixel) over its blocks: a whole-scene :func:`rasterio.warp.reproject` cuts the scene
+differently, so where the CRS changes, values can differ from it by what a shift of a tenth of a
+pixel makes (equal, to float32 rounding, where only resolution and extent change).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, get_args
+
+import numpy as np
+import rasterio
+from affine import Affine
+from numpy.typing import NDArray
+from rasterio.enums import Resampling
+from rasterio.errors import RasterioError
+from rasterio.io import MemoryFile
+from rasterio.vrt import WarpedVRT
+from rasterio.warp import calculate_default_transform
+from rasterio.windows import Window
+
+from geoserve.errors import ConfigError, InputError, RasterReadError
+from geoserve.raster.source import ArraySource, DatasetSource, RasterInfo, RasterSource
+from geoserve.raster.trust import input_env
+
+#: The warper's error allowed in approximating the coordinate transform, in input pixels
+#: (GDAL's default, ``gdalwarp -et 0.125``).
+WARP_TOLERANCE = 0.125
+
+ResamplingName = Literal["nearest", "bilinear", "cubic", "average", "mode"]
+RESAMPLINGS: tuple[str, ...] = get_args(ResamplingName)
+
+
+def resampling_of(name: str) -> Resampling:
+    """The rasterio resampling method called ``name`` (one of :data:`RESAMPLINGS`).
+
+    Raises:
+        ConfigError: an unknown name.
+    """
+    if name not in RESAMPLINGS:
+        raise ConfigError(f"invalid resampling {name!r}; choose one of {', '.join(RESAMPLINGS)}")
+    return Resampling[name]
+
+
+@dataclass(frozen=True)
+class TargetGrid:
+    """The pixel grid a request's inputs are put on: CRS, transform and size."""
+
+    crs: Any
+    transform: Affine
+    width: int
+    height: int
+
+    @classmethod
+    def of(cls, info: RasterInfo) -> TargetGrid:
+        """The grid of an input."""
+        return cls(info.crs, info.transform, info.width, info.height)
+
+    @classmethod
+    def covering(
+        cls, info: RasterInfo, crs: Any = None, resolution: float | None = None
+    ) -> TargetGrid:
+        """A grid over ``info``'s extent in ``crs`` (default: its own) at ``resolution``.
+
+        ``resolution`` is the pixel size in the CRS's units (default: about the input's).
+
+        Raises:
+            InputError: the input is not georeferenced; ConfigError: ``crs`` is unknown.
+        """
+        if not info.is_georeferenced:
+            raise InputError(f"{info.name}: not georeferenced, so it cannot be put on a grid")
+        dst_crs = info.crs
+        if crs is not None:
+            try:
+                dst_crs = rasterio.crs.CRS.from_user_input(crs)
+            except RasterioError as exc:
+                raise ConfigError(f"invalid crs {crs!r} ({exc})") from None
+        left, bottom, right, top = rasterio.transform.array_bounds(
+            info.height, info.width, info.transform
+        )
+        transform, width, height = calculate_default_transform(
+            info.crs, dst_crs, info.width, info.height, left, bottom, right, top,
+            resolution=resolution,
+        )  # fmt: skip
+        return cls(dst_crs, transform, int(width), int(height))
+
+    def matches(self, info: RasterInfo) -> bool:
+        """Whether ``info`` is on this grid already (nothing to warp)."""
+        return (
+            (info.width, info.height) == (self.width, self.height)
+            and info.crs == self.crs
+            and info.transform.almost_equals(self.transform)
+        )
+
+    def profile(self, base: Mapping[str, Any]) -> dict[str, Any]:
+        """``base`` (a rasterio profile) moved onto this grid."""
+        return {
+            **base,
+            "crs": self.crs,
+            "transform": self.transform,
+            "width": self.width,
+            "height": self.height,
+        }
+
+
+def source_nodata(info: RasterInfo) -> float | None:
+    """What the warper takes as an input's missing values: its nodata, or NaN for floats."""
+    if info.nodata is not None:
+        return info.nodata
+    return float("nan") if np.dtype(info.dtype).kind == "f" else None
+
+
+class WarpedSource(RasterSource):
+    """An input seen on another grid through GDAL's warper (a :class:`WarpedVRT`).
+
+    Reads return float32 with NaN where the input has nothing: outside its footprint, and
+    where the values it draws on are its nodata. GDAL warps the grid in fixed blocks, reading
+    only the source window each block needs, so the values do not depend on how the grid is
+    read (which rows, in what bands). A float input (NaN as its missing values) goes through
+    GDAL's fast kernels first, with the exact warp filling in what they leave (see
+    :meth:`read_rows`): the same values, in about a third of the time. An array input is put
+    in an in-memory GeoTIFF first.
+    The input itself is closed with it.
+
+    Args:
+        source: A file, bytes or array input (:func:`~geoserve.raster.source.open_raster`).
+        grid: The grid to see it on.
+        resampling: One of :data:`RESAMPLINGS`.
+        threads: GDAL's warping threads.
+        tolerance: Error allowed in the warper's approximation of the coordinate transform,
+            in input pixels (GDAL's default, as ``gdalwarp -et``).
+    """
+
+    def __init__(
+        self,
+        source: RasterSource,
+        grid: TargetGrid,
+        resampling: str = "bilinear",
+        threads: int = 1,
+        tolerance: float = WARP_TOLERANCE,
+    ) -> None:
+        src = source.info
+        if not isinstance(source, DatasetSource | ArraySource):
+            raise TypeError(f"cannot warp a {type(source).__name__}")
+        if not src.is_georeferenced or grid.crs is None:
+            raise InputError(
+                f"{src.name}: not on the reference grid and not georeferenced, so it cannot "
+                "be aligned with the other inputs"
+            )
+        self.source = source
+        self.grid = grid
+        self.resampling = resampling
+        self.tolerance = tolerance
+        self._memfile: MemoryFile | None = None
+        dataset = source.dataset if isinstance(source, DatasetSource) else self._in_memory(source)
+        nodata = source_nodata(src)
+        self._fast: WarpedVRT | None = None
+        options = {
+            "crs": grid.crs,
+            "transform": grid.transform,
+            "width": grid.width,
+            "height": grid.height,
+            "resampling": resampling_of(resampling),
+            "src_nodata": nodata,
+            "dtype": "float32",
+            "tolerance": tolerance,
+            "warp_extras": {"NUM_THREADS": threads},
+        }
+        try:
+            with input_env():
+                self._vrt = WarpedVRT(dataset, nodata=np.nan, **options)
+                if nodata is not None and np.isnan(nodata):  # a float input: see read_rows
+                    self._fast = WarpedVRT(dataset, nodata=None, **options)
+        except RasterioError as exc:
+            self.close()
+            raise InputError(
+                f"{src.name}: cannot be warped onto the reference grid ({exc})"
+            ) from exc
+        self.info = dataclasses.replace(
+            src,
+            width=grid.width,
+            height=grid.height,
+            dtype="float32",
+            crs=grid.crs,
+            transform=grid.transform,
+            nodata=None,
+            profile=grid.profile({**src.profile, "dtype": "float32", "nodata": None}),
+        )
+
+    def _in_memory(self, source: ArraySource) -> Any:
+        """An array input as an in-memory GeoTIFF dataset, for the warper."""
+        data, info = source.array, source.info
+        self._memfile = MemoryFile()
+        with self._memfile.open(
+            driver="GTiff",
+            width=info.width,
+            height=info.height,
+            count=info.count,
+            dtype=data.dtype,
+            crs=info.crs,
+            transform=info.transform,
+            nodata=info.nodata,
+        ) as ds:
+            ds.write(data)
+        return self._memfile.open()
+
+    def read_rows(self, row_start: int, row_stop: int, bands: Sequence[int]) -> NDArray[Any]:
+        """See :meth:`RasterSource.read_rows`: float32, NaN where the input has nothing.
+
+        A float input is warped without a destination nodata value first: GDAL then takes its
+        fast kernels (a destination nodata value makes it track which output pixels are
+        valid, and that general kernel costs about three times as much). That warp leaves 0
+        where it writes nothing; every pixel it leaves at 0 or at a non-finite value (a NaN
+        drawn from the input) is read again from the exact warp, in whole columns of the
+        warper's blocks, so the result is the exact warp's, bit for bit.
+        """
+        indexes = [b + 1 for b in bands]
+        window = Window(0, row_start, self.grid.width, row_stop - row_start)
+        try:
+            if self._fast is None:
+                out: NDArray[Any] = self._vrt.read(indexes, window=window)
+            else:
+                out = self._fast.read(indexes, window=window)
+                self._patch_from_exact(out, indexes, row_start, row_stop)
+        except RasterioError as exc:
+            raise RasterReadError(
+                f"{self.source.info.name}: cannot read it onto the reference grid, rows "
+                f"{row_start}-{row_stop} ({exc}); the file may be truncated or corrupt"
+            ) from exc
+        return out
+
+    def _patch_from_exact(
+        self, out: NDArray[Any], indexes: list[int], row_start: int, row_stop: int
+    ) -> None:
+        """Replace the pixels of ``out`` the fast warp may have left (0, NaN, inf) by the exact's.
+
+        The exact warp is read in runs of whole columns of its blocks: a window cut elsewhere
+        would be warped in other pieces, and could differ at the input's edges.
+        """
+        redo = ~np.isfinite(out)
+        redo |= out == 0
+        if not redo.any():
+            return
+        block = max(1, int(self._vrt.block_shapes[0][1]))
+        width = self.grid.width
+        wanted = np.logical_or.reduceat(redo.any(axis=(0, 1)), np.arange(0, width, block))
+        first = None
+        for i, need in enumerate([*wanted.tolist(), False]):
+            if need and first is None:
+                first = i
+            elif not need and first is not None:
+                c0, c1 = first * block, min(width, i * block)
+                window = Window(c0, row_start, c1 - c0, row_stop - row_start)
+                exact = self._vrt.read(indexes, window=window)
+                part, mask = out[..., c0:c1], redo[..., c0:c1]
+                part[mask] = exact[mask]
+                first = None
+
+    def release(self) -> RasterSource:
+        """Close the warpers but not the input, and hand the input back (to warp it anew)."""
+        for name in ("_fast", "_vrt"):
+            vrt = getattr(self, name, None)
+            if vrt is not None:
+                vrt.close()
+                setattr(self, name, None)
+        if self._memfile is not None:
+            self._memfile.close()
+            self._memfile = None
+        return self.source
+
+    def close(self) -> None:
+        """Close the warpers and the input."""
+        self.release()
+        self.source.close()
