@@ -184,3 +184,46 @@ def test_a_list_of_dicts_is_several_requests(scenes, tmp_path):
     with rasterio.open(outs[1].outputs.path) as b, rasterio.open(s1) as ref:
         assert (b.count, b.crs) == (2, ref.crs)  # alone, S1 is its own reference
     assert "nope.tif" in str(outs[2].error)
+
+
+def test_grids_a_twentieth_of_a_pixel_apart_are_warped_not_stacked():
+    crs = CRS.from_epsg(4326)
+    cols = np.tile(np.arange(2000, dtype=np.float32), (4, 1))[None]
+    a = RasterArray(cols, {"crs": crs, "transform": Affine(1e-4, 0, 10, 0, -1e-4, 50)}, "a")
+    b = RasterArray(cols, {"crs": crs, "transform": Affine(1.05e-4, 0, 10, 0, -1.05e-4, 50)}, "b")
+    got = _identity({"a": a, "b": b}, patch_size=64)
+    # b's column 1904.5 lies under a's pixel 1999.5: a warp, not the same grid
+    assert abs(got[1, 0, 1999] - 1904.3) < 1.0
+
+
+def test_a_crs_gdal_cannot_transform_is_an_input_error_naming_the_modality(scenes):
+    s2, _ = scenes
+    mars = CRS.from_wkt(
+        'GEOGCS["Mars 2000",DATUM["D_Mars_2000",SPHEROID["Mars_2000_IAU_IAG",3396190.0,'
+        '169.89444722361179]],PRIMEM["Greenwich",0],UNIT["Decimal_Degree",0.0174532925199433]]'
+    )
+    red = RasterArray(
+        np.ones((1, 20, 20), np.float32), {"crs": mars, "transform": Affine(0.1, 0, 0, 0, -0.1, 2)}
+    )
+    with pytest.raises(InputError, match="modality 'mars': .*cannot be warped"):
+        Engine("identity", patch_size=32).generate_image({"s2": str(s2), "mars": red})
+
+
+def test_a_warped_input_is_costed_at_its_own_size(scenes):
+    s2, _ = scenes
+    crs = CRS.from_epsg(32633)
+    fine = RasterArray(
+        np.zeros((1, 3000, 3000), np.uint8),
+        {"crs": crs, "transform": Affine(1, 0, 400000, 0, -1, 5800000)},
+        "fine",
+    )
+    eng = Engine("identity", patch_size=64)
+    alone = eng.prepare_request(str(s2))
+    both = eng.prepare_request({"s2": str(s2), "fine": fine})
+    try:
+        assert both.input_pixels == alone.input_pixels + 3000 * 3000
+        # the warper may hold all of the fine input at once: it is in the memory estimate
+        assert both.memory_bytes - alone.memory_bytes >= 3000 * 3000 * 4
+    finally:
+        alone.close()
+        both.close()

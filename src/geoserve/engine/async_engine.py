@@ -189,12 +189,18 @@ class AsyncEngine:
 
     def _reserve(self, req: Request) -> None:
         info = req.sources[0].info
-        pixels = info.width * info.height * len(req.ctx.bands) * len(req.sources)
+        pixels = req.input_pixels
         if pixels > self.max_pixels:
+            if (
+                len(req.sources) == 1
+                and not req.ctx.modalities
+                and pixels == (info.width * info.height * len(req.ctx.bands))
+            ):
+                what = f"{info.name}: {info.width}x{info.height} x {len(req.ctx.bands)} band(s)"
+            else:  # several dates, modalities or files, each at its own size
+                what = f"{', '.join(req.ctx.names)}: {len(req.reads())} input(s) together"
             raise PayloadTooLargeError(
-                f"{info.name}: {info.width}x{info.height} x {len(req.ctx.bands)} band(s) x "
-                f"{len(req.sources)} date(s) = {pixels} pixels, over the limit of "
-                f"{self.max_pixels}"
+                f"{what} = {pixels} pixels, over the limit of {self.max_pixels}"
             )
         n = len(req.ctx.grid)
         need = req.memory_bytes

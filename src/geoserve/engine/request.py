@@ -162,6 +162,8 @@ class Request:
           and the block GDAL decodes at once (a whole strip, every band of it when
           pixel-interleaved: :attr:`RasterInfo.block_bytes`);
         - the input bytes themselves, for uploads and base64 (:attr:`RasterInfo.held_bytes`);
+        - for an input warped onto the grid, the warper's buffer: the input window one block
+          of the grid covers (:meth:`RasterSource.warp_bytes`; all of a much finer input);
         - the canvas: ``min(P + S, H)`` rows of ``W`` float32 values per output channel, and
           the weights;
         - an output held whole in memory (bytes, base64, tensor): ``H x W`` values per output
@@ -181,12 +183,31 @@ class Request:
         cache += sum(i.block_bytes + i.held_bytes for i in infos)
         channels = self.out_proc.out_channels or values
         canvas = min(p + s, g.height) * g.width * (channels + 1) * 4
+        cache += sum(src.warp_bytes(bands) for src, bands in self.reads())
         whole = 0
         if self.out_format != "path":
             size = 1 if getattr(self.out_proc, "kind", None) == "classes" else 4
             whole = g.height * g.width * channels * size * (7 if self.out_format == "b64" else 3)
             whole //= 3
         return rows + cache + canvas + whole
+
+    def reads(self) -> list[tuple[RasterSource, tuple[int, ...]]]:
+        """Each source of the request with the bands read from it."""
+        if not self.ctx.modalities:
+            return [(src, self.ctx.bands) for src in self.sources]
+        return [
+            (src, plan.ctx.bands)
+            for plan in self.ctx.modalities
+            for src in self.sources[plan.start : plan.stop]
+        ]
+
+    @property
+    def input_pixels(self) -> int:
+        """Pixels decoded over the whole request, every band of every input it reads.
+
+        Each input counts at its own size (a warped input's, not the grid's).
+        """
+        return sum(src.read_cost(bands) for src, bands in self.reads())
 
     @property
     def is_complete(self) -> bool:

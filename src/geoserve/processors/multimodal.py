@@ -36,9 +36,10 @@ from geoserve.processors.base import (
     RasterContext,
 )
 from geoserve.processors.patcher import GeoTiffPatcher
-from geoserve.raster.align import RESAMPLINGS, ResamplingName, TargetGrid, align
+from geoserve.raster.align import RESAMPLINGS, ResamplingName, TargetGrid, aligned_modality
 from geoserve.raster.grid import BlendMode, PatchGrid, check_tiling
 from geoserve.raster.source import RasterArray, RasterSource
+from geoserve.raster.warp import WarpedSource
 
 
 @dataclass(frozen=True)
@@ -220,6 +221,52 @@ class MultimodalPatcher(InputProcessor):
             InputError: an unknown or missing modality; BandMismatchError and others: naming
             the modality and its file.
         """
+        given = self.check_names(modalities)
+        ref_name = self.reference_modality(list(modalities))
+        ref = modalities[ref_name][0].info
+        if self.crs is not None or self.resolution is not None:
+            target = TargetGrid.covering(ref, self.crs, self.resolution)
+        else:
+            target = TargetGrid.of(ref)
+        flat: list[RasterSource] = []
+        plans: list[ModalityContext] = []
+        try:
+            for m in given:
+                part = self._parts[self.modalities.index(m)]
+                aligned = aligned_modality(
+                    m.name, modalities[m.name], target, m.resampling, threads
+                )
+                start = len(flat)
+                flat.extend(aligned)
+                try:
+                    sub = part.prepare(aligned)
+                except GeoServeError as exc:
+                    raise prefixed(exc, f"modality {m.name!r}") from None
+                plans.append(ModalityContext(m.name, start, len(flat), sub, m.num_frames))
+        except BaseException:
+            for src in flat:  # the warpers made so far (the caller closes the inputs)
+                if isinstance(src, WarpedSource):
+                    src.release()
+            raise
+        grid = PatchGrid(target.height, target.width, self.patch_size, self.stride, self.blend)
+        ref_profile = modalities[ref_name][0].info.profile
+        ctx = RasterContext(
+            grid=grid,
+            names=tuple(f"{p.name}={n}" for p in plans for n in p.ctx.names),
+            bands=tuple(b for p in plans for b in p.ctx.bands),
+            band_names=tuple(f"{p.name}:{n}" for p in plans for n in p.ctx.band_names),
+            profile=target.profile({**ref_profile, "nodata": ref.nodata}),
+            has_nodata=any(p.ctx.has_nodata for p in plans),
+            modalities=tuple(plans),
+        )
+        return flat, ctx
+
+    def check_names(self, modalities: Modalities) -> list[Modality]:
+        """The declared modalities the request gives, once its names and dates are checked.
+
+        Raises:
+            InputError: an unknown or missing modality, or a wrong number of dates.
+        """
         unknown = [n for n in modalities if n not in self.names]
         if unknown:
             raise InputError(
@@ -242,37 +289,7 @@ class MultimodalPatcher(InputProcessor):
             if m.nodata is not None:  # before warping, which must know the missing values
                 for src in modalities[m.name]:
                     src.info = dataclasses.replace(src.info, nodata=m.nodata)
-        ref_name = self.reference_modality(list(modalities))
-        ref = modalities[ref_name][0].info
-        if self.crs is not None or self.resolution is not None:
-            target = TargetGrid.covering(ref, self.crs, self.resolution)
-        else:
-            target = TargetGrid.of(ref)
-        flat: list[RasterSource] = []
-        plans: list[ModalityContext] = []
-        for m in given:
-            part = self._parts[self.modalities.index(m)]
-            aligned = [align(src, target, m.resampling, threads) for src in modalities[m.name]]
-            try:
-                sub = part.prepare(aligned)
-            except GeoServeError as exc:
-                raise prefixed(exc, f"modality {m.name!r}") from None
-            plans.append(
-                ModalityContext(m.name, len(flat), len(flat) + len(aligned), sub, m.num_frames)
-            )
-            flat.extend(aligned)
-        grid = PatchGrid(target.height, target.width, self.patch_size, self.stride, self.blend)
-        ref_profile = modalities[ref_name][0].info.profile
-        ctx = RasterContext(
-            grid=grid,
-            names=tuple(f"{p.name}={n}" for p in plans for n in p.ctx.names),
-            bands=tuple(b for p in plans for b in p.ctx.bands),
-            band_names=tuple(f"{p.name}:{n}" for p in plans for n in p.ctx.band_names),
-            profile=target.profile({**ref_profile, "nodata": ref.nodata}),
-            has_nodata=any(p.ctx.has_nodata for p in plans),
-            modalities=tuple(plans),
-        )
-        return flat, ctx
+        return given
 
     def _optional_note(self) -> str:
         optional = [m.name for m in self.modalities if not m.required]

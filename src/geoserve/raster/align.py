@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from geoserve.errors import InputError, count
+from geoserve.errors import GeoServeError, InputError, count, prefixed
 from geoserve.raster.source import RasterSource
 from geoserve.raster.warp import (
     RESAMPLINGS,
@@ -45,6 +45,7 @@ __all__ = [
     "TargetGrid",
     "WarpedSource",
     "align",
+    "aligned_modality",
     "resampling_of",
     "source_nodata",
     "stack_modalities",
@@ -140,6 +141,22 @@ class StackedSource(RasterSource):
             out[[pos for pos, _ in pairs]] = data
         return out
 
+    def _by_part(self, bands: Sequence[int]) -> dict[int, list[int]]:
+        grouped: dict[int, list[int]] = {}
+        for band in bands:
+            if 0 <= band < len(self._owner):
+                part, local = self._owner[band]
+                grouped.setdefault(part, []).append(local)
+        return grouped
+
+    def read_cost(self, bands: Sequence[int]) -> int:
+        """What each input costs to read its share of ``bands``."""
+        return sum(self.parts[p].read_cost(b) for p, b in self._by_part(bands).items())
+
+    def warp_bytes(self, bands: Sequence[int]) -> int:
+        """The warpers' worst-case buffers for ``bands`` (see :class:`WarpedSource`)."""
+        return sum(self.parts[p].warp_bytes(b) for p, b in self._by_part(bands).items())
+
     def onto(self, grid: TargetGrid, threads: int = 1) -> StackedSource:
         """The stack on ``grid``: each input warped there from its own pixels (never twice).
 
@@ -205,9 +222,30 @@ def stack_modalities(
     grid = TargetGrid.of(modalities[first][0].info)
     stacks: list[RasterSource] = []
     for t in range(dates[first]):
-        parts = [align(modalities[name][t], grid, "bilinear", threads) for name in names]
+        parts = [_aligned(name, modalities[name][t], grid, "bilinear", threads) for name in names]
         label = ", ".join(
             f"{name}={part.info.name}" for name, part in zip(names, parts, strict=True)
         )
         stacks.append(parts[0] if len(parts) == 1 else StackedSource(parts, label))
     return stacks
+
+
+def _aligned(
+    modality: str, source: RasterSource, grid: TargetGrid, resampling: str, threads: int
+) -> RasterSource:
+    """:func:`align`, its errors naming the modality."""
+    try:
+        return align(source, grid, resampling, threads)
+    except GeoServeError as exc:
+        raise prefixed(exc, f"modality {modality!r}") from None
+
+
+def aligned_modality(
+    modality: str,
+    sources: Sequence[RasterSource],
+    grid: TargetGrid,
+    resampling: str,
+    threads: int = 1,
+) -> list[RasterSource]:
+    """The dates of one modality on ``grid``; its errors name the modality."""
+    return [_aligned(modality, src, grid, resampling, threads) for src in sources]

@@ -138,6 +138,14 @@ class RasterSource(ABC):
             RasterReadError: if the data cannot be decoded (truncated or corrupt file).
         """
 
+    def read_cost(self, bands: Sequence[int]) -> int:
+        """Pixels decoded to read ``bands`` over the whole grid (a request's size guard)."""
+        return self.info.width * self.info.height * len(bands)
+
+    def warp_bytes(self, bands: Sequence[int]) -> int:
+        """Memory GDAL's warper may hold at once to read ``bands`` (0: nothing is warped)."""
+        return 0
+
     def close(self) -> None:  # noqa: B027 - optional hook, nothing to release by default
         """Release the underlying dataset."""
 

@@ -24,6 +24,7 @@ import numpy as np
 import rasterio
 from affine import Affine
 from numpy.typing import NDArray
+from rasterio._err import CPLE_BaseError
 from rasterio.enums import Resampling
 from rasterio.errors import RasterioError
 from rasterio.io import MemoryFile
@@ -34,6 +35,12 @@ from rasterio.windows import Window
 from geoserve.errors import ConfigError, InputError, RasterReadError
 from geoserve.raster.source import ArraySource, DatasetSource, RasterInfo, RasterSource
 from geoserve.raster.trust import input_env
+
+#: What GDAL raises for a transform it cannot make (no path between two CRSs, a degenerate
+#: geotransform) besides rasterio's own errors.
+GDAL_ERRORS = (RasterioError, CPLE_BaseError)
+#: Destination pixels GDAL warps at once (a WarpedVRT block: 512 x 128).
+WARP_BLOCK_PIXELS = 512 * 128
 
 #: The warper's error allowed in approximating the coordinate transform, in input pixels
 #: (GDAL's default, ``gdalwarp -et 0.125``).
@@ -85,24 +92,30 @@ class TargetGrid:
         if crs is not None:
             try:
                 dst_crs = rasterio.crs.CRS.from_user_input(crs)
-            except RasterioError as exc:
+            except GDAL_ERRORS as exc:
                 raise ConfigError(f"invalid crs {crs!r} ({exc})") from None
         left, bottom, right, top = rasterio.transform.array_bounds(
             info.height, info.width, info.transform
         )
-        transform, width, height = calculate_default_transform(
-            info.crs, dst_crs, info.width, info.height, left, bottom, right, top,
-            resolution=resolution,
-        )  # fmt: skip
+        try:
+            transform, width, height = calculate_default_transform(
+                info.crs, dst_crs, info.width, info.height, left, bottom, right, top,
+                resolution=resolution,
+            )  # fmt: skip
+        except GDAL_ERRORS as exc:
+            raise InputError(f"{info.name}: cannot be put on a {dst_crs} grid ({exc})") from None
         return cls(dst_crs, transform, int(width), int(height))
 
     def matches(self, info: RasterInfo) -> bool:
-        """Whether ``info`` is on this grid already (nothing to warp)."""
-        return (
-            (info.width, info.height) == (self.width, self.height)
-            and info.crs == self.crs
-            and info.transform.almost_equals(self.transform)
-        )
+        """Whether ``info`` is on this grid already (nothing to warp).
+
+        The geotransforms must agree to a thousandth of a pixel, in every coefficient.
+        """
+        if (info.width, info.height) != (self.width, self.height) or info.crs != self.crs:
+            return False
+        pixel = min(abs(self.transform.a), abs(self.transform.e)) or 1.0
+        tol = 1e-3 * pixel
+        return all(abs(x - y) <= tol for x, y in zip(info.transform, self.transform, strict=True))
 
     def profile(self, base: Mapping[str, Any]) -> dict[str, Any]:
         """``base`` (a rasterio profile) moved onto this grid."""
@@ -183,11 +196,11 @@ class WarpedSource(RasterSource):
                 self._vrt = WarpedVRT(dataset, nodata=np.nan, **options)
                 if nodata is not None and np.isnan(nodata):  # a float input: see read_rows
                     self._fast = WarpedVRT(dataset, nodata=None, **options)
-        except RasterioError as exc:
+        except GDAL_ERRORS as exc:
             self.close()
             raise InputError(
                 f"{src.name}: cannot be warped onto the reference grid ({exc})"
-            ) from exc
+            ) from None
         self.info = dataclasses.replace(
             src,
             width=grid.width,
@@ -234,6 +247,11 @@ class WarpedSource(RasterSource):
             else:
                 out = self._fast.read(indexes, window=window)
                 self._patch_from_exact(out, indexes, row_start, row_stop)
+        except CPLE_BaseError as exc:  # GDAL cannot transform these rows: not the file's fault
+            raise InputError(
+                f"{self.source.info.name}: cannot be warped onto rows {row_start}-{row_stop} "
+                f"of the reference grid ({exc}); do the two grids overlap?"
+            ) from None
         except RasterioError as exc:
             raise RasterReadError(
                 f"{self.source.info.name}: cannot read it onto the reference grid, rows "
@@ -267,6 +285,22 @@ class WarpedSource(RasterSource):
                 part, mask = out[..., c0:c1], redo[..., c0:c1]
                 part[mask] = exact[mask]
                 first = None
+
+    def read_cost(self, bands: Sequence[int]) -> int:
+        """Pixels of the input itself that ``bands`` cover (what warping them decodes)."""
+        src = self.source.info
+        return src.width * src.height * len(bands)
+
+    def warp_bytes(self, bands: Sequence[int]) -> int:
+        """The warper's worst-case buffer for one block: the input window it covers, float32.
+
+        A block of the grid covers more input pixels the finer the input is than the grid
+        (a 24000 x 24000 input onto a 64 x 64 grid: all of it at once).
+        """
+        src = self.source.info
+        per_pixel = src.width * src.height / max(1, self.grid.width * self.grid.height)
+        window = min(src.width * src.height, 4 * WARP_BLOCK_PIXELS * max(1.0, per_pixel))
+        return int(window) * len(bands) * 4 * 2  # (the input's values and the working copy)
 
     def release(self) -> RasterSource:
         """Close the warpers but not the input, and hand the input back (to warp it anew)."""
