@@ -220,3 +220,28 @@ def test_a_multimodal_model_served(scenes):
         assert single.status_code == 200, single.text
         with rasterio.MemoryFile(single.content) as mem, mem.open() as src:
             np.testing.assert_array_equal(src.read(), _decode(only_s2.json()["data"]))
+
+
+def test_a_fine_modality_is_costed_at_its_own_size(scenes, tmp_path):
+    """A small upload of a huge, very compressible modality onto a small reference grid: the
+    warper would hold all of it; the size guard counts it at its own size."""
+    big = tmp_path / "big.tif"
+    with rasterio.open(scenes / "s2.tif") as ref:
+        crs, t = ref.crs, ref.transform
+    profile = {"driver": "GTiff", "width": 2000, "height": 2000, "count": 1, "dtype": "uint8",
+               "crs": crs, "transform": rasterio.Affine(t.a / 20, 0, t.c, 0, t.e / 20, t.f),
+               "tiled": True, "compress": "deflate"}  # fmt: skip
+    with rasterio.open(big, "w", **profile) as dst:
+        dst.write(np.zeros((1, 2000, 2000), np.uint8))
+    files = [
+        ("s2", ("s2.tif", (scenes / "s2.tif").read_bytes(), "image/tiff")),
+        ("fine", ("big.tif", big.read_bytes(), "image/tiff")),
+    ]
+    with running_server(model="identity", max_pixels=1_000_000, patch_size=32) as url:
+        resp = httpx.post(f"{url}/v1/images", files=files, timeout=60)
+        assert resp.status_code == 413, resp.text
+        assert "input(s) together" in resp.json()["message"]
+        odd = [("s2", ("s2.tif", b"x", "image/tiff")), ("ñ", ("b.tif", b"x", "image/tiff"))]
+        resp = httpx.post(f"{url}/v1/images", files=odd, timeout=60)
+        assert resp.status_code == 400
+        assert "is not a modality name" in resp.json()["message"]

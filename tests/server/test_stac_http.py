@@ -4,6 +4,7 @@ file it names held to the same allow-lists as an input the request named itself.
 from __future__ import annotations
 
 import base64
+import http.server
 import json
 import shutil
 from collections.abc import Iterator
@@ -15,7 +16,7 @@ import pytest
 import rasterio
 
 from geoserve import Engine
-from tests.conftest import serve_ranges
+from tests.conftest import http_server, serve_ranges
 from tests.server.conftest import running_server
 from tests.stac_items import write_s2_item
 
@@ -121,3 +122,36 @@ def test_an_item_outside_the_allowed_directories_is_not_read(server, roots):
     resp = _post(server, str(outside / "item.json"), "path")
     assert resp.status_code == 403
     assert "outside the allowed input directories" in resp.json()["message"]
+
+
+def test_an_item_file_behind_a_redirect_is_refused(server, roots):
+    """A file an Item names is checked like a URL input: a host that redirects is refused
+    before GDAL reads it (GDAL would follow the redirect to a host not allowed)."""
+    allowed, _ = roots
+    hits: list[str] = []
+
+    class Redirect(http.server.BaseHTTPRequestHandler):
+        def do_HEAD(self) -> None:  # noqa: N802 - the handler's API
+            hits.append(self.path)
+            self.send_response(302)
+            self.send_header("Location", "http://localhost:9/secret.tif")
+            self.end_headers()
+
+        do_GET = do_HEAD  # noqa: N815
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    with http_server(Redirect) as base:
+        name = _item_with(allowed, "redirects.json", f"{base}/B03.tif")
+        resp = _post(server, name, "path")
+    assert resp.status_code == 403, resp.text
+    assert "redirects are not followed" in resp.json()["message"]
+    assert hits == ["/B03.tif"]  # one HEAD, nothing after it
+
+
+def test_at_most_eight_items_per_request(server):
+    data = {f"m{i}": "s2/s2_item.json" for i in range(9)}
+    resp = httpx.post(f"{server}/v1/images", json={"data": data, "data_format": "path"})
+    assert resp.status_code == 400
+    assert "more than 8 STAC Items in one request" in resp.json()["message"]

@@ -20,7 +20,9 @@ from geoserve.errors import InputError
 InFormat = Literal["b64_json", "path", "url"]
 OutDataFormat = Literal["b64_json", "path", "geotiff"]
 NonEmpty = Annotated[str, StringConstraints(min_length=1)]
-ModalityName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")]
+#: A modality's name: ASCII letters, digits and "_", not starting with a digit.
+MODALITY_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]{0,63}$"
+ModalityName = Annotated[str, StringConstraints(pattern=MODALITY_PATTERN)]
 #: Most modalities one request may name (TerraMind takes eight).
 MAX_MODALITIES = 16
 #: Inputs of one modality: one, or a list of dates.

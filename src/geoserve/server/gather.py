@@ -13,6 +13,8 @@ that modality's dates).
 
 from __future__ import annotations
 
+import asyncio
+import re
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -22,9 +24,24 @@ from starlette.requests import Request
 from geoserve.errors import ForbiddenInputError, InputError
 from geoserve.raster.source import DataFormat, NamedBytes, RasterLike
 from geoserve.raster.stac_item import MAX_ITEM_BYTES, StacItem, is_stac_input
-from geoserve.server.api_models import ImagesRequest, form_dates, form_json, validate
-from geoserve.server.inputs import check_url, fetch_url, remote_input, resolve_input_path
+from geoserve.server.api_models import (
+    MAX_MODALITIES,
+    MODALITY_PATTERN,
+    ImagesRequest,
+    form_dates,
+    form_json,
+    validate,
+)
+from geoserve.server.inputs import (
+    check_remote_file,
+    check_url,
+    fetch_url,
+    remote_input,
+    resolve_input_path,
+)
 from geoserve.server.settings import ServerSettings
+
+_MODALITY = re.compile(MODALITY_PATTERN)
 
 #: Multipart text fields; any other part is an input.
 FORM_FIELDS = frozenset({"out_data_format", "options", "priority", "dates"})
@@ -59,17 +76,34 @@ async def gather(
         for values in items.values() if isinstance(items, dict) else [items]:
             for url in values:
                 check_url(url, settings.allowed_url_domains)
+    seen = _Items()
     if isinstance(items, dict):
         out: dict[str, list[RasterLike]] = {}
         fmt: DataFormat = "auto"
         for name, values in items.items():
-            out[name], fmt = await _gather_list(settings, values, data_format, deadline)
+            out[name], fmt = await _gather_list(settings, values, data_format, deadline, seen)
         return out, fmt
-    return await _gather_list(settings, items, data_format, deadline)
+    return await _gather_list(settings, items, data_format, deadline, seen)
+
+
+#: Most STAC Items one request may name (each is read whole, at most MAX_ITEM_BYTES).
+MAX_STAC_ITEMS = 8
+
+
+class _Items:
+    """Counts the STAC Items of one request."""
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    def add(self, where: str) -> None:
+        self.n += 1
+        if self.n > MAX_STAC_ITEMS:
+            raise InputError(f"{where}: more than {MAX_STAC_ITEMS} STAC Items in one request")
 
 
 async def _gather_list(
-    s: ServerSettings, items: list[Any], data_format: str, deadline: float
+    s: ServerSettings, items: list[Any], data_format: str, deadline: float, seen: _Items
 ) -> tuple[list[RasterLike], DataFormat]:
     if data_format == "bytes":
         return list(items), "bytes"
@@ -77,8 +111,11 @@ async def _gather_list(
         paths: list[Any] = []  # (files, or STAC Items)
         for p in items:
             path = resolve_input_path(p, s.allowed_input_dirs)
-            # a STAC Item under an allowed directory: the files it names are vetted too
-            paths.append(StacItem.read(path, vet=stac_guard(s)) if is_stac_input(path) else path)
+            if is_stac_input(path):  # an Item under an allowed directory: its files vetted too
+                seen.add(p)
+                paths.append(await asyncio.to_thread(StacItem.read, path, vet=stac_guard(s)))
+            else:
+                paths.append(path)
         return paths, "path"
     if data_format == "url":
         limit = int(s.max_body_mb * 1024 * 1024)
@@ -86,8 +123,10 @@ async def _gather_list(
         for u in items:
             left = deadline - time.monotonic()
             if is_stac_input(u):  # an Item's JSON: fetched (no redirects, capped), then vetted
+                seen.add(u)
                 raw = await fetch_url(u, s.allowed_url_domains, min(limit, MAX_ITEM_BYTES), left)
-                data.append(StacItem.parse(raw, u, vet=stac_guard(s)))
+                item = await asyncio.to_thread(StacItem.parse, raw, u, stac_guard(s))
+                data.append(item)
             elif s.url_reads == "range":
                 fmts = s.engine.allowed_formats
                 data.append(await remote_input(u, s.allowed_url_domains, limit, left, fmts))
@@ -101,9 +140,10 @@ def stac_guard(s: ServerSettings) -> Callable[[str], str]:
     """The check every file a client's STAC Item names must pass before it is opened.
 
     A local file must lie under an ``--allowed-input-dir`` (resolved, like a path input); a
-    URL must be to an ``--allowed-url-domain``, and is read in place by range requests (a
-    server that downloads its URL inputs, ``--url-reads download``, refuses Item URLs: GDAL
-    would reach the network itself).
+    URL must be to an ``--allowed-url-domain`` and pass the checks of a URL input (no
+    redirect, byte ranges, an allowed format) before GDAL reads it in place (a server that
+    downloads its URL inputs, ``--url-reads download``, refuses Item URLs: GDAL would reach
+    the network itself).
     """
 
     def vet(href: str) -> str:
@@ -114,7 +154,8 @@ def stac_guard(s: ServerSettings) -> Callable[[str], str]:
                     f"{href}: a STAC Item's files are read in place, and this server takes "
                     "URL inputs only by downloading them (--url-reads download)"
                 )
-            return href
+            # as a URL input: no redirect, byte ranges, not another format
+            return check_remote_file(href, s.allowed_url_domains, s.engine.allowed_formats)
         return resolve_input_path(href, s.allowed_input_dirs)
 
     return vet
@@ -140,10 +181,12 @@ async def parse_multipart(request: Request) -> tuple[ImagesRequest, Items]:
             raise InputError(f"{field!r} part ({upload.shown}) is empty")
         if field == "file":
             plain.append(upload)
-        elif not field.isidentifier():
+        elif not _MODALITY.fullmatch(field):
             raise InputError(f"part name {field[:40]!r} is not a modality name")
         else:
             modal.setdefault(field, []).append(upload)
+            if len(modal) > MAX_MODALITIES:
+                raise InputError(f"more than {MAX_MODALITIES} modalities in one upload")
     if plain and modal:
         raise InputError(
             "multipart upload mixes 'file' parts with modality parts "

@@ -184,3 +184,38 @@ async def _first_bytes(client: httpx.AsyncClient, url: str) -> tuple[httpx.Respo
 
 #: GDAL's prefix for reading a file over HTTP with range requests.
 VSICURL = "/vsicurl/"
+
+
+def check_remote_file(url: str, domains: Sequence[str], formats: Sequence[str]) -> str:
+    """A URL a STAC Item names, checked like a URL input before GDAL reads it in place.
+
+    Synchronous (admission runs in a worker thread): the host must be allowed, answer a
+    ``HEAD`` and a first range request without redirecting, serve byte ranges, and the
+    content must not be a format outside ``formats``.
+
+    Raises:
+        ForbiddenInputError: a host not allowed, or a redirect; InputError: no range
+        requests, or the host cannot be reached; InputFormatError: another format.
+    """
+    check_url(url, domains)
+    try:
+        with httpx.Client(follow_redirects=False, timeout=HTTP_TIMEOUT) as client:
+            head = client.head(url)
+            if head.is_redirect:
+                raise ForbiddenInputError(f"{url}: redirects are not followed")
+            if head.status_code != 200:
+                raise InputError(f"{url}: HTTP {head.status_code}")
+            if head.headers.get("accept-ranges", "").lower() != "bytes":
+                raise InputError(f"{url}: the host does not serve byte ranges")
+            got = b""
+            with client.stream("GET", url, headers={"Range": f"bytes=0-{SNIFF_BYTES - 1}"}) as r:
+                if r.is_redirect:
+                    raise ForbiddenInputError(f"{url}: redirects are not followed")
+                for chunk in r.iter_bytes():
+                    got += chunk
+                    if len(got) >= SNIFF_BYTES:
+                        break
+    except httpx.HTTPError as exc:
+        raise InputError(f"{url}: request failed ({type(exc).__name__}: {exc})") from exc
+    refuse_other_formats(url, got[:SNIFF_BYTES], formats)
+    return url
