@@ -21,9 +21,10 @@ from rasterio.crs import CRS
 from rasterio.warp import transform as warp
 
 from geoserve.cli import main
-from geoserve.cli.multimodal import coverage, modality_input, request_of
+from geoserve.cli.multimodal import modality_input, request_of
 from geoserve.processors import Modality, MultimodalPatcher, RawReassembler
 from geoserve.raster.align import TargetGrid
+from geoserve.raster.warp import coverage
 from tests.multimodal_scenes import write_s1, write_s2
 from tests.test_cli_first_use import imported_after
 

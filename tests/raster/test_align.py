@@ -227,3 +227,14 @@ def test_a_warped_input_is_costed_at_its_own_size(scenes):
     finally:
         alone.close()
         both.close()
+
+
+def test_a_modality_that_misses_the_reference_grid_is_refused(scenes):
+    s2, _ = scenes
+    far = RasterArray(
+        np.ones((1, 20, 20), np.float32),
+        {"crs": CRS.from_epsg(32633), "transform": Affine(10, 0, 100000, 0, -10, 1000000)},
+        "far",
+    )
+    with pytest.raises(InputError, match="modality 'x': far: covers none of the reference grid"):
+        Engine("identity", patch_size=32).generate_image({"s2": str(s2), "x": far})

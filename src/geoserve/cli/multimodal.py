@@ -154,60 +154,6 @@ def pixel_size(crs: Any, transform: Any, height: int) -> str:
     return f"{approx}{_num(sx)} x {_num(sy)} {unit}"
 
 
-def coverage(info: Any, grid: Any, per_edge: int = 32) -> float | None:
-    """The fraction of ``grid`` (a TargetGrid) that ``info``'s footprint covers (no pixels read).
-
-    The footprint's outline, ``per_edge`` points a side, is transformed into the grid's pixel
-    space and clipped to it. None when either is not georeferenced or the transform fails.
-    """
-    if info.crs is None or grid.crs is None:
-        return None
-    import numpy as np
-    from rasterio.errors import RasterioError
-    from rasterio.warp import transform as warp
-
-    t = np.linspace(0.0, 1.0, per_edge, endpoint=False)
-    w, h = info.width, info.height
-    cols = np.concatenate([t * w, np.full(per_edge, w), (1 - t) * w, np.zeros(per_edge)])
-    rows = np.concatenate([np.zeros(per_edge), t * h, np.full(per_edge, h), (1 - t) * h])
-    xs, ys = info.transform @ (cols, rows)
-    try:
-        gx, gy = warp(info.crs, grid.crs, list(xs), list(ys))
-    except RasterioError:
-        return None
-    px, py = ~grid.transform @ (np.asarray(gx), np.asarray(gy))
-    if not (np.all(np.isfinite(px)) and np.all(np.isfinite(py))):
-        return None
-    polygon = _clip(list(zip(px.tolist(), py.tolist(), strict=True)), grid.width, grid.height)
-    return min(1.0, _area(polygon) / float(grid.width * grid.height))
-
-
-def _clip(points: list[tuple[float, float]], width: int, height: int) -> list[tuple[float, float]]:
-    """Sutherland-Hodgman: ``points`` clipped to the rectangle [0, width] x [0, height]."""
-    edges = ((0, 0.0, 1), (0, float(width), -1), (1, 0.0, 1), (1, float(height), -1))
-    for axis, bound, sign in edges:
-        if not points:
-            break
-        kept: list[tuple[float, float]] = []
-        for i, cur in enumerate(points):
-            prev = points[i - 1]
-            cur_in = sign * (cur[axis] - bound) >= 0
-            prev_in = sign * (prev[axis] - bound) >= 0
-            if cur_in != prev_in:
-                f = (bound - prev[axis]) / (cur[axis] - prev[axis])
-                kept.append((prev[0] + f * (cur[0] - prev[0]), prev[1] + f * (cur[1] - prev[1])))
-            if cur_in:
-                kept.append(cur)
-        points = kept
-    return points
-
-
-def _area(points: list[tuple[float, float]]) -> float:
-    """A polygon's area (the shoelace formula)."""
-    pairs = zip(points, points[1:] + points[:1], strict=True)
-    return abs(sum(x0 * y1 - x1 * y0 for (x0, y0), (x1, y1) in pairs)) / 2
-
-
 def alignment(info: Any, grid: Any, resampling: str) -> str:
     """How an input is put on the reference grid, in words (with the share of it covered)."""
     if grid.matches(info):
@@ -219,7 +165,7 @@ def alignment(info: Any, grid: Any, resampling: str) -> str:
         f" to {crs_name(grid.crs)} {pixel_size(grid.crs, grid.transform, grid.height)}, "
         f"{resampling}"
     )
-    share = coverage(info, grid)
+    share = grid.coverage(info)
     if share == 0:
         words += ", covers none of the reference grid (its footprint lies outside it)"
     elif share is not None:
