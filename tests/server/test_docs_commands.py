@@ -6,18 +6,22 @@ example URL and the size of the bundled scene (a corner of it, to keep the test 
 
 from __future__ import annotations
 
+import base64
+import json
 import re
 import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 import rasterio
 
 from geoserve.cli import DEFAULT_MODEL
 from tests.conftest import BUNDLED_SCENE as SCENE
 from tests.conftest import serve_ranges, write_bundled_corner
+from tests.multimodal_scenes import write_s1, write_s2
 from tests.server.conftest import running_server
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -71,8 +75,9 @@ def test_serving_md_serves_the_default_model():
 def test_serving_md_commands_work_on_the_bundled_scene(workdir, default_server):
     url, files = default_server
     blocks = [b for b in bash_blocks("docs/serving.md") if "curl" in b or "cp data/" in b]
-    # (the multi-date example needs a multi-date model and dated files: tests/server/test_dates.py)
-    blocks = [b for b in blocks if "-F dates=" not in b]
+    # (the multi-date example needs a multi-date model and dated files: tests/server/test_dates.py;
+    # the multimodal one its own server: below)
+    blocks = [b for b in blocks if "-F dates=" not in b and "-F s2=" not in b]
     assert len(blocks) >= 4, "docs/serving.md lost its examples"
     for block in blocks:
         res = run(block, workdir, url, files)
@@ -98,3 +103,23 @@ def test_readme_upload_fails_loudly(workdir, default_server, tmp_path):
     res = run(curl, tmp_path, url, files)
     assert res.returncode == 22, res.stderr  # not 0 with the error body in water.tif
     assert '"object":"error"' in (tmp_path / "water.tif").read_text()
+
+
+def test_serving_md_modalities_example(tmp_path):
+    """The multimodal example, against the server its comment describes, on toy S2/S1 scenes."""
+    (block,) = [b for b in bash_blocks("docs/serving.md") if "-F s2=" in b]
+    assert "--model s1s2-water --allowed-input-dir ." in block
+    (tmp_path / "scenes").mkdir()
+    for where in (tmp_path, tmp_path / "scenes"):
+        write_s2(where / "S2.tif", 96)
+        write_s1(where / "S1.tif", 96)
+    with running_server(model="s1s2-water", allowed_input_dirs=[tmp_path]) as url:
+        res = run(block, tmp_path, url, "")
+    assert res.returncode == 0, f"{block}\n{res.stderr}"
+    with rasterio.open(tmp_path / "fused.tif") as dst, rasterio.open(tmp_path / "S2.tif") as s2:
+        assert (dst.crs, dst.transform) == (s2.crs, s2.transform)
+        assert dst.tags()["CLASS_NAMES"] == "not water,water"
+        fused = dst.read(1)
+    answer = json.loads((tmp_path / "fused.json").read_text())
+    with rasterio.MemoryFile(base64.b64decode(answer["data"])) as mem, mem.open() as dst:
+        np.testing.assert_array_equal(dst.read(1), fused)

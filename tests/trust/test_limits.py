@@ -218,7 +218,8 @@ def plain_server() -> Iterator[str]:
         ({"json": {"data": ["ok", ""]}}, 422, "data"),
         ({"content": b"", "headers": {"content-type": "application/json"}}, 400, "body is empty"),
         ({"content": b"[" * 100_000 + b"]" * 100_000}, 400, "nested too deeply"),
-        ({"json": {"data": {"data": "x"}}}, 422, "data"),
+        # a dict is modalities: this one's value is not base64
+        ({"json": {"data": {"data": "x"}}}, 400, "modality 'data': input is not valid base64"),
     ],
 )
 def test_client_mistakes_are_4xx(plain_server, kwargs, status, needle):

@@ -170,15 +170,15 @@ async def parse_multipart(request: Request) -> tuple[ImagesRequest, Items]:
     form = await request.form()
     plain: list[NamedBytes] = []
     modal: dict[str, list[NamedBytes]] = {}
-    for i, (field, part) in enumerate(form.multi_items()):
+    for field, part in form.multi_items():
         if field in FORM_FIELDS:
             continue
         if isinstance(part, str):
             raise InputError(f"{field!r} must be a file part, not a text field")
-        shown = f"{field} part" if field != "file" else f"file part {i}"
-        upload = NamedBytes(await part.read(), part.filename or shown)
+        n = len(plain) if field == "file" else len(modal.get(field, ()))
+        upload = NamedBytes(await part.read(), part.filename or f"{field} part {n}")
         if not upload.data:
-            raise InputError(f"{field!r} part ({upload.shown}) is empty")
+            raise InputError(f"{field!r} part {n} ({upload.shown}) is empty")
         if field == "file":
             plain.append(upload)
         elif not _MODALITY.fullmatch(field):
