@@ -214,3 +214,9 @@ def test_a_missing_band_of_another_modality_gets_no_bands_hint(echo, scenes):
         Engine(echo()).generate_image({"s2": s2, "s1": s2})  # an S2 file as S1: no VV
     assert "modality 's1'" in str(info.value)
     assert "--bands" not in str(info.value)
+
+
+def test_names_are_checked_before_anything_is_opened(echo, scenes):
+    s2, _ = scenes
+    with pytest.raises(InputError, match="unknown modality 'dem'"):  # not "no such file"
+        Engine(echo()).generate_image({"s2": s2, "dem": "/nowhere/missing.tif"})

@@ -122,6 +122,7 @@ class Admission:
         opened: list[RasterSource],
     ) -> dict[str, list[RasterSource]]:
         """A dict request's inputs opened, by modality (each also appended to ``opened``)."""
+        proc.check_names(inputs)  # names and dates, before anything is opened
         by_name: dict[str, list[RasterSource]] = {}
         for name, items in inputs.items():
             when = dates.get(name) if isinstance(dates, Mapping) else None

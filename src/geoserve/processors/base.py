@@ -165,6 +165,13 @@ class InputProcessor(ABC, Configurable):
         stacks = stack_modalities(modalities, threads)
         return stacks, self.prepare(stacks)
 
+    def check_names(self, modalities: Mapping[str, Sequence[Any]]) -> Any:
+        """Refuse a dict request whose modality names or dates do not fit, before opening it.
+
+        Any names fit a processor that stacks the modalities (the default).
+        """
+        return None
+
     def reference_modality(self, names: Sequence[str]) -> str:
         """Which of a request's modalities ``names`` gives the grid (by default the first)."""
         return names[0]

@@ -222,6 +222,10 @@ class MultimodalPatcher(InputProcessor):
             the modality and its file.
         """
         given = self.check_names(modalities)
+        for m in given:
+            if m.nodata is not None:  # before warping, which must know the missing values
+                for src in modalities[m.name]:
+                    src.info = dataclasses.replace(src.info, nodata=m.nodata)
         ref_name = self.reference_modality(list(modalities))
         ref = modalities[ref_name][0].info
         if self.crs is not None or self.resolution is not None:
@@ -261,8 +265,11 @@ class MultimodalPatcher(InputProcessor):
         )
         return flat, ctx
 
-    def check_names(self, modalities: Modalities) -> list[Modality]:
-        """The declared modalities the request gives, once its names and dates are checked.
+    def check_names(self, modalities: Mapping[str, Sequence[Any]]) -> list[Modality]:
+        """The declared modalities a request gives, once its names and dates are checked.
+
+        ``modalities`` maps each name to its inputs (opened or not: only their number is
+        looked at), so a request is refused before anything is opened.
 
         Raises:
             InputError: an unknown or missing modality, or a wrong number of dates.
@@ -286,9 +293,6 @@ class MultimodalPatcher(InputProcessor):
                     f"modality {m.name!r}: {len(modalities[m.name])} date(s) given; the model "
                     f"takes {m.num_frames}"
                 )
-            if m.nodata is not None:  # before warping, which must know the missing values
-                for src in modalities[m.name]:
-                    src.info = dataclasses.replace(src.info, nodata=m.nodata)
         return given
 
     def _optional_note(self) -> str:
