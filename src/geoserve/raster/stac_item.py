@@ -8,7 +8,8 @@ location), a media ``type``, ``roles`` and the bands the file holds (the ``eo:ba
 ``name``, a ``common_name`` such as ``red`` or ``nir08``, a ``nodata`` value).
 
 :class:`StacItem` reads and checks one (from a file, an http(s) URL, a parsed dict or a
-``pystac.Item``) and lists its bands as :class:`AssetBand` entries, hrefs resolved.
+``pystac.Item``; pystac checks its structure and resolves relative hrefs) and lists its bands
+as :class:`AssetBand` entries, hrefs resolved.
 :mod:`geoserve.raster.stac` picks the bands a model reads and opens them as one input.
 
 An Item names other files, so where its hrefs may point is restricted: an Item read from a URL
@@ -31,7 +32,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urljoin, urlsplit
+from urllib.parse import unquote, urlsplit
+
+import pystac
+from pystac.utils import make_absolute_href
 
 from geoserve.errors import InputError, RasterReadError
 from geoserve.raster.dates import parse_date
@@ -120,6 +124,10 @@ class StacItem:
                 raise InputError(f"{where}: asset {str(key)[:60]!r} has no href")
         if not isinstance(data.get("properties", {}), Mapping):
             raise InputError(f"{where}: 'properties' is not an object")
+        try:  # the rest of the Item's structure, as pystac reads it
+            pystac.Item.from_dict(dict(data), preserve_dict=True, migrate=False)
+        except Exception as exc:  # pystac raises KeyError, TypeError, ValueError, its own
+            raise InputError(f"{where}: not a STAC Item ({type(exc).__name__}: {exc})") from None
         if self.location is None:
             object.__setattr__(self, "location", _self_href(data))
 
@@ -211,7 +219,7 @@ class StacItem:
         if self.remote:
             if scheme == "file":
                 raise InputError(f"{what}: an Item read from a URL may not name local files")
-            return urljoin(str(self.location), text)
+            return make_absolute_href(text, str(self.location))
         if scheme == "file":
             parts = urlsplit(text)
             if parts.netloc not in ("", "localhost"):
@@ -224,7 +232,7 @@ class StacItem:
                 f"{what}: relative href {text!r}, but the Item's location is unknown (read "
                 "it from its file or URL, or give it a 'self' link)"
             )
-        return os.path.normpath(os.path.join(os.path.dirname(str(self.location)), text))
+        return make_absolute_href(text, str(self.location))
 
     @classmethod
     def read(
@@ -299,11 +307,7 @@ def is_stac_input(obj: Any, data_format: str = "auto") -> bool:
 
 
 def _is_pystac_item(obj: Any) -> bool:
-    return (
-        type(obj).__module__.startswith("pystac")
-        and type(obj).__name__ == "Item"
-        and callable(getattr(obj, "to_dict", None))
-    )
+    return isinstance(obj, pystac.Item)
 
 
 def _fetch(url: str, max_bytes: int) -> bytes:
