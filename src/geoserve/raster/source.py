@@ -156,18 +156,21 @@ class RasterSource(ABC):
         self.close()
 
 
-def _check_dtype(name: str, dtype: str) -> None:
+def check_dtype(name: str, dtype: str) -> None:
+    """Refuse data types the engine cannot read (only integer and float bands)."""
     kind = np.dtype(dtype).kind
     if kind not in "uif":
         raise InputError(f"{name}: data type {dtype} is not supported; need integer or float bands")
 
 
-def _check_size(info: RasterInfo) -> None:
+def check_size(info: RasterInfo) -> None:
+    """Refuse an input without pixels."""
     if info.width < 1 or info.height < 1:
         raise InputError(f"{info.name}: image is {info.width}x{info.height}; it has no pixels")
 
 
-def _warn_if_not_georeferenced(info: RasterInfo) -> None:
+def warn_if_not_georeferenced(info: RasterInfo) -> None:
+    """Warn, naming the input, that its output will not be georeferenced either."""
     if not info.is_georeferenced:
         warnings.warn(
             f"{info.name}: no CRS or geotransform; the output will not be georeferenced either",
@@ -233,12 +236,12 @@ class DatasetSource(RasterSource):
             held_bytes=len(data) if data is not None else 0,
         )
         try:
-            _check_dtype(name, self.info.dtype)
-            _check_size(self.info)
+            check_dtype(name, self.info.dtype)
+            check_size(self.info)
         except InputError:
             self.close()
             raise
-        _warn_if_not_georeferenced(self.info)
+        warn_if_not_georeferenced(self.info)
         self._block_rows = max(1, int(ds.block_shapes[0][0]))
 
     def _open_with(self, drivers: list[str], path: str | None, options: dict[str, Any]) -> Any:
@@ -312,52 +315,6 @@ def _block_bytes(ds: Any) -> int:
     return int(rows * ds.width * bands * np.dtype(ds.dtypes[0]).itemsize)
 
 
-class ArraySource(RasterSource):
-    """A source backed by a :class:`RasterArray`."""
-
-    def __init__(self, raster: RasterArray) -> None:
-        data = np.asarray(raster.data)
-        if data.ndim == 2:
-            data = data[np.newaxis]
-        if data.ndim != 3:
-            raise InputError(
-                f"{raster.name}: array must be (bands, height, width), got shape {data.shape}"
-            )
-        _check_dtype(raster.name, str(data.dtype))
-        prof = dict(raster.profile)
-        count, height, width = data.shape
-        descriptions = tuple(prof.pop("descriptions", None) or (None,) * count)
-        if len(descriptions) != count:
-            raise InputError(
-                f"{raster.name}: {len(descriptions)} band descriptions for {count} bands"
-            )
-        self._data = data
-        self.info = RasterInfo(
-            name=raster.name,
-            width=width,
-            height=height,
-            count=count,
-            dtype=str(data.dtype),
-            crs=prof.get("crs"),
-            transform=prof.get("transform") or Affine.identity(),
-            nodata=prof.get("nodata"),
-            descriptions=descriptions,
-            tags=dict(prof.pop("tags", {}) or {}),
-            profile={**prof, "count": count, "height": height, "width": width},
-        )
-        _check_size(self.info)
-        _warn_if_not_georeferenced(self.info)
-
-    @property
-    def array(self) -> NDArray[Any]:
-        """The (bands, height, width) array."""
-        return self._data
-
-    def read_rows(self, row_start: int, row_stop: int, bands: Sequence[int]) -> NDArray[Any]:
-        """See :meth:`RasterSource.read_rows`."""
-        return self._data[list(bands), row_start:row_stop, :]
-
-
 _REMOTE = ("/vsicurl/", "http://", "https://")
 _B64_CHARS = re.compile(r"^[A-Za-z0-9+/=\s_-]+$")
 
@@ -394,6 +351,8 @@ def open_raster(
     """
     kw: dict[str, Any] = {"threads": threads, "formats": formats}
     if isinstance(obj, RasterArray):
+        from geoserve.raster.arrays import ArraySource  # (it builds on this module)
+
         source: RasterSource = ArraySource(obj)
     elif isinstance(obj, NamedBytes):
         if data_format not in ("auto", "bytes"):

@@ -34,7 +34,8 @@ from rasterio.warp import transform as warp
 from rasterio.windows import Window
 
 from geoserve.errors import ConfigError, InputError, RasterReadError
-from geoserve.raster.source import ArraySource, DatasetSource, RasterInfo, RasterSource
+from geoserve.raster.arrays import ArraySource
+from geoserve.raster.source import DatasetSource, RasterInfo, RasterSource
 from geoserve.raster.trust import input_env
 
 #: What GDAL raises for a transform it cannot make (no path between two CRSs, a degenerate
