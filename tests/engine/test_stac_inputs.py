@@ -226,3 +226,14 @@ def test_cli_predict_takes_an_item(scenes, tmp_path):
         assert dst.descriptions == ("B04", "nir08")
     assert main(["predict", item, "-o", str(tmp_path / "d.tif"), "-q"]) == 0
     assert band(tmp_path / "d.tif").dtype == np.uint8
+
+
+def test_an_item_under_another_name_is_read_once_it_is_no_raster(scenes, identity, tmp_path):
+    """Only a .json name is taken for an Item before opening; any other file is opened as a
+    raster first (no extra read for ordinary inputs), and read as an Item if it is one."""
+    item = scenes / "s2" / "s2_item.json"
+    other = scenes / "s2" / "s2_item.stac"  # (beside it: its relative hrefs still resolve)
+    other.write_bytes(item.read_bytes())
+    want = identity.generate_image(str(item), out_format="tensor").outputs.tensor
+    got = identity.generate_image(str(other), out_format="tensor").outputs.tensor
+    assert torch.equal(got, want)

@@ -23,7 +23,14 @@ from geoserve.engine.limits import check_request, warn_if_disk_short
 from geoserve.engine.request import Request
 from geoserve.engine.scheduler import Scheduler
 from geoserve.engine.stac_inputs import StacPlan, stac_processor
-from geoserve.errors import BandMismatchError, ConfigError, GeoServeError, InputError, prefixed
+from geoserve.errors import (
+    BandMismatchError,
+    ConfigError,
+    GeoServeError,
+    InputError,
+    RasterReadError,
+    prefixed,
+)
 from geoserve.processors.base import InputProcessor, OutputProcessor, RasterContext
 from geoserve.raster.dates import DateLike, request_dates
 from geoserve.raster.sinks import make_sink
@@ -105,10 +112,15 @@ class Admission:
         A STAC Item (``stac``: which of its bands) becomes one stack of the files it names.
         """
         kw: dict[str, Any] = {"threads": self.read_workers, "formats": self.config.allowed_formats}
-        if stac is not None and is_stac_input(item, data_format):
+        if stac is not None and is_stac_input(item, data_format, sniff=False):
             src: RasterSource = stac.open(item, kw)
         else:
-            src = open_raster(item, data_format, **kw)
+            try:
+                src = open_raster(item, data_format, **kw)
+            except RasterReadError:  # not a raster: an Item under another name? (read once)
+                if stac is None or not is_stac_input(item, data_format):
+                    raise
+                src = stac.open(item, kw)
         if date is not None:  # given: wins over tags and name
             src.info = dataclasses.replace(src.info, date=date)
         return src

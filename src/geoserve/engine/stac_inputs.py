@@ -82,7 +82,7 @@ def stac_processor(
     if (
         roles is not None
         and roles_for(proc.band_selectors(), roles)
-        and any(is_stac_input(x, data_format) for x in flat)
+        and any(is_stac_input(x, data_format, sniff=False) for x in flat)
     ):
         return proc.replace(bands=tuple(roles), band_roles=tuple(roles))
     return proc

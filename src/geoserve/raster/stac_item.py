@@ -280,13 +280,15 @@ class StacItem:
         return cls.read(obj)
 
 
-def is_stac_input(obj: Any, data_format: str = "auto") -> bool:
+def is_stac_input(obj: Any, data_format: str = "auto", sniff: bool = True) -> bool:
     """Whether a request input is a STAC Item.
 
     A :class:`StacItem` or ``pystac.Item`` always is; with ``data_format="auto"`` also a path
     to a local JSON file, and an http(s) URL ending in ``.json`` or of the form of a STAC API
     Item (``.../collections/C/items/I``). A dict never is (a dict request is modalities), nor
-    are bytes or base64.
+    are bytes or base64. With ``sniff=False`` nothing is read: a local file counts only when
+    its name ends in ``.json`` (the engine looks inside a file only once it failed to open
+    as a raster).
     """
     if isinstance(obj, StacItem) or _is_pystac_item(obj):
         return True
@@ -298,6 +300,8 @@ def is_stac_input(obj: Any, data_format: str = "auto") -> bool:
     if text.startswith(_HTTP):
         path = urlsplit(text).path
         return path.lower().endswith(".json") or _API_ITEM.search(path) is not None
+    if not sniff:
+        return text.lower().endswith(".json")
     try:
         if not Path(text).is_file():
             return False
