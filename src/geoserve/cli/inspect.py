@@ -32,7 +32,7 @@ def cmd_info(args: argparse.Namespace, parser: argparse.ArgumentParser | None = 
 
     With ``-i`` or several files: the modalities of one request (:func:`_cmd_modalities`).
     """
-    from geoserve.raster.coords import acquisition_date, centre_lonlat
+    from geoserve.raster.coords import centre_lonlat
     from geoserve.raster.source import open_raster
 
     modalities: list[tuple[str, str]] = getattr(args, "modalities", None) or []
@@ -62,10 +62,7 @@ def cmd_info(args: argparse.Namespace, parser: argparse.ArgumentParser | None = 
             print("crs:       none (not georeferenced)")
         print(f"nodata:    {info.nodata if info.nodata is not None else 'none declared'}")
         print(f"layout:    {_layout(info.profile)}")
-        try:
-            print(f"date:      {acquisition_date(info).isoformat()}")
-        except GeoServeError:
-            print("date:      unknown")
+        print(f"date:      {_date(info)}")
         for i, desc in enumerate(info.descriptions):
             print(f"band {i:2d}:   {desc or '(no description)'}")
         if not args.model:
@@ -182,7 +179,6 @@ def _describe(label: str, info: Any, grid: Any, in_proc: Any) -> None:
     from rasterio.transform import array_bounds
 
     from geoserve.cli.multimodal import alignment, crs_name, pixel_size, resampling_of
-    from geoserve.raster.coords import acquisition_date
 
     print(f"\n{label}: {info.name}")
     print(f"  size:    {info.width} x {info.height} pixels, {info.count} band(s) {info.dtype}")
@@ -197,10 +193,7 @@ def _describe(label: str, info: Any, grid: Any, in_proc: Any) -> None:
         print("  crs:     none (not georeferenced)")
     print(f"  nodata:  {info.nodata if info.nodata is not None else 'none declared'}")
     print(f"  bands:   {', '.join(d or f'({i + 1})' for i, d in enumerate(info.descriptions))}")
-    try:
-        print(f"  date:    {acquisition_date(info).isoformat()}")
-    except GeoServeError:
-        print("  date:    unknown")
+    print(f"  date:    {_date(info)}")
     resampling = resampling_of(in_proc, label.split(" ")[0])
     print(f"  grid:    {alignment(info, grid, resampling)}")
 
@@ -219,3 +212,13 @@ def _check_modalities(model: str, in_proc: Any, opened: dict[str, list[Any]]) ->
         f"{len(ctx.grid)} patches of {ctx.grid.patch_size} px)"
     )
     return 0
+
+
+def _date(info: Any) -> str:
+    """An input's acquisition date as ``info`` prints it, or ``unknown``."""
+    from geoserve.raster.coords import acquisition_date
+
+    try:
+        return acquisition_date(info).isoformat()
+    except GeoServeError:
+        return "unknown"
