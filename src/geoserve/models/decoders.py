@@ -204,12 +204,28 @@ class UNetDecoder(nn.Module):
 
 
 class SegmentationHead(nn.Module):
-    """Dropout then a 1x1 conv; the conv sits at ``head.2`` as in TerraTorch checkpoints."""
+    """Optional 3x3 conv-ReLU blocks, dropout, then a 1x1 conv (``head.2``, as in TerraTorch)."""
 
-    def __init__(self, in_channels: int, num_classes: int, dropout: float = 0.0) -> None:
+    def __init__(
+        self,
+        in_channels: int,
+        num_classes: int,
+        dropout: float = 0.0,
+        channel_list: Sequence[int] | None = None,
+    ) -> None:
         super().__init__()
+        pre: nn.Module = nn.Identity()
+        if channel_list:
+            chans = [in_channels, *channel_list]
+            pre = nn.Sequential(
+                *(
+                    nn.Sequential(nn.Conv2d(chans[i], chans[i + 1], 3, padding=1), nn.ReLU())
+                    for i in range(len(chans) - 1)
+                )
+            )
+            in_channels = chans[-1]
         self.head = nn.Sequential(
-            nn.Identity(),
+            pre,
             nn.Dropout(dropout) if dropout else nn.Identity(),
             nn.Conv2d(in_channels, num_classes, 1),
         )

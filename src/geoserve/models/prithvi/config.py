@@ -114,13 +114,13 @@ def _checked(cfg: dict[str, Any], cfg_path: Path) -> dict[str, Any]:
 
 
 def _parse(cfg_path: Path, flat: bool) -> dict[str, Any]:
-    raw = _read_mapping(cfg_path)
+    raw = read_mapping(cfg_path)
     layout = next((k for k in ("pretrained_cfg", "model_args") if k in raw), None)
     if layout is None and flat and "model" not in raw:
         return {str(k): v for k, v in raw.items()}
     if layout is None:
-        return _terratorch(_section(raw, ("model", "init_args", "model_args"), cfg_path))
-    src = _section(raw, (layout,), cfg_path)
+        return _terratorch(section(raw, ("model", "init_args", "model_args"), cfg_path))
+    src = section(raw, (layout,), cfg_path)
     cfg = {key: src[key] for key in _ARCH_KEYS if key in src}
     if "patch_size" in src:
         ps = src["patch_size"]
@@ -132,7 +132,12 @@ def _parse(cfg_path: Path, flat: bool) -> dict[str, Any]:
     return cfg
 
 
-def _read_mapping(cfg_path: Path) -> Mapping[str, Any]:
+def read_mapping(cfg_path: Path) -> Mapping[str, Any]:
+    """A config file's top-level mapping (JSON, or YAML as plain data; size-capped).
+
+    Raises:
+        WeightsError: missing, unreadable, oversized or malformed file, or not a mapping.
+    """
     if not cfg_path.is_file():
         raise WeightsError(f"{cfg_path}: config file not found")
     try:
@@ -162,7 +167,7 @@ def _read_mapping(cfg_path: Path) -> Mapping[str, Any]:
     return raw
 
 
-def _section(raw: Mapping[str, Any], keys: tuple[str, ...], cfg_path: Path) -> Mapping[str, Any]:
+def section(raw: Mapping[str, Any], keys: tuple[str, ...], cfg_path: Path) -> Mapping[str, Any]:
     """``raw[k0][k1]...``: a missing key gives ``{}``, anything but a mapping an error."""
     node: Any = raw
     for i, key in enumerate(keys):
