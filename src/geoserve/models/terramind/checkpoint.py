@@ -172,6 +172,11 @@ def load_terramind(path: str | Path, config: str | os.PathLike[str] | None = Non
     state = normalize_keys(read_state_dict(path))
     names = _modality_names(state, spec, path)
     keep = {modality_key(n) for n in names}
+    present = {m.group(1) for k in state if (m := _EMBED.match(k))}
+    absent = [n for n in names if modality_key(n) not in present]
+    if absent:
+        have = sorted(present)
+        raise WeightsError(f"{path}: no patch embedding for modalities {absent} (it has {have})")
     state = {k: v for k, v in state.items() if not (m := _EMBED.match(k)) or m.group(1) in keep}
     arch = infer_spec(state, path)
     if spec.variant is not None:
@@ -188,9 +193,9 @@ def load_terramind(path: str | Path, config: str | os.PathLike[str] | None = Non
         **{k: arch.pop(k) for k in ("dim", "depth", "num_heads", "gated_mlp", "bias")},
         num_register_tokens=arch.pop("num_register_tokens"),
     )
-    absent = [n for n, c in encoder["modalities"].items() if not c]
-    if absent:
-        raise WeightsError(f"{path}: no patch embedding for modalities {absent}")
+    tokenized = [n for n, c in encoder["modalities"].items() if not c]
+    if tokenized:
+        raise WeightsError(f"{path}: modalities {tokenized} need TerraMind's tokenizer")
     source = f"{path} (config {cfg_path})" if cfg_path else str(path)
     try:
         model = _build(encoder, arch, spec)
