@@ -14,3 +14,5 @@ fi
 .venv/bin/python -m pip install --quiet -e '.[dev,server,ray]'
 # the Prithvi model plugin (its own package, found through the geoserve.plugins entry point)
 .venv/bin/python -m pip install --quiet -e plugins/geoserve-prithvi
+# the TerraMind model plugin, beside it
+.venv/bin/python -m pip install --quiet -e plugins/geoserve-terramind

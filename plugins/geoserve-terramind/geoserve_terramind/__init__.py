@@ -1,0 +1,114 @@
+"""TerraMind (IBM/ESA) fine-tunes for geoserve.
+
+Each model is a factory taking the local weights path: a TerraTorch fine-tune checkpoint of any
+TerraMind v1 size, read by :func:`geoserve.models.load_checkpoint` (the architecture comes from
+the weights and from a ``config.yaml`` beside them). Inputs are normalised with TerraMind's
+published pretraining statistics (:data:`geoserve.models.terramind.variants.MODALITIES`).
+
+Import only geoserve's public modules here (registries, processors, models).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from torch import nn
+
+from geoserve.errors import WeightsError
+from geoserve.models import load_checkpoint
+from geoserve.models.terramind import TerraMindSegmentation
+from geoserve.models.terramind.variants import MODALITIES, modality_key
+from geoserve.processors import (
+    GeoTiffPatcher,
+    Modality,
+    MultimodalPatcher,
+    SegmentationReassembler,
+)
+from geoserve.registry import INPUT_REGISTRY, MODEL_REGISTRY, OUTPUT_REGISTRY
+
+HF = "https://huggingface.co/ibm-esa-geospatial"
+WATER = SegmentationReassembler(
+    classes=("not water", "water"), colors=((230, 230, 220), (31, 120, 220))
+)
+
+
+def _modality(name: str, required: bool) -> Modality:
+    info = MODALITIES[name]
+    return Modality(
+        name, bands=tuple(range(len(info.bands))), mean=info.mean, std=info.std, required=required
+    )
+
+
+def _load(weights: str | Path, name: str, modalities: dict[str, int], classes: int) -> nn.Module:
+    model = load_checkpoint(weights)
+    if not isinstance(model, TerraMindSegmentation):
+        raise WeightsError(
+            f"{weights}: holds a {type(model).__name__}, but model {name!r} needs a TerraMind "
+            "segmentation fine-tune"
+        )
+    embeddings = model.encoder.encoder_embeddings
+    have = {n: embeddings[modality_key(n)].channels for n in model.modalities}
+    same = {modality_key(n): c for n, c in have.items()} == {
+        modality_key(n): c for n, c in modalities.items()
+    }
+    if not same or model.num_classes != classes:
+        raise WeightsError(
+            f"{weights}: a fine-tune of {have} with {model.num_classes} classes, but model "
+            f"{name!r} takes {modalities} and has {classes} classes"
+        )
+    return model
+
+
+@MODEL_REGISTRY.register_model(
+    "terramind-v1-sen1floods11",
+    description="TerraMind v1 fine-tuned on Sen1Floods11 (S2 L1C + S1 GRD, either optional): water",
+    weights_required=True,
+    loads_weights=True,
+    weights_hint=(
+        "a TerraTorch fine-tune of TerraMind v1 on Sen1Floods11 (backbone_modalities "
+        f"[S2L1C, S1GRD], 2 classes), e.g. trained from {HF}/TerraMind-1.0-base"
+    ),
+)
+@INPUT_REGISTRY.register_input_processor(
+    MultimodalPatcher(
+        modalities=(_modality("S2L1C", False), _modality("S1GRD", False)),
+        patch_size=224,
+        stride=192,
+        blend="center",
+    )
+)
+@OUTPUT_REGISTRY.register_output_processor(WATER)
+def sen1floods11(weights: str | Path) -> nn.Module:
+    """TerraMind v1 (any size) + UNet/UperNet, S2 L1C and S1 GRD."""
+    return _load(weights, "terramind-v1-sen1floods11", {"S2L1C": 13, "S1GRD": 2}, 2)
+
+
+@MODEL_REGISTRY.register_model(
+    "terramind-v1-s2l2a-water",
+    description="TerraMind v1 fine-tuned on Sentinel-2 L2A alone (12 bands): water",
+    weights_required=True,
+    loads_weights=True,
+    weights_hint=(
+        "a TerraTorch fine-tune of TerraMind v1 with backbone_modalities [S2L2A] and 2 classes, "
+        f"e.g. trained from {HF}/TerraMind-1.0-base"
+    ),
+)
+@INPUT_REGISTRY.register_input_processor(
+    GeoTiffPatcher(
+        bands=tuple(range(12)),
+        band_roles=MODALITIES["S2L2A"].bands,
+        mean=MODALITIES["S2L2A"].mean,
+        std=MODALITIES["S2L2A"].std,
+        patch_size=224,
+        stride=192,
+        blend="center",
+    )
+)
+@OUTPUT_REGISTRY.register_output_processor(WATER)
+def s2l2a_water(weights: str | Path) -> nn.Module:
+    """TerraMind v1 (any size) + UNet/UperNet on S2 L2A; the input tensor is the one modality."""
+    return _load(weights, "terramind-v1-s2l2a-water", {"S2L2A": 12}, 2)
+
+
+def register() -> None:
+    """Entry point: the decorators above ran when this module was imported."""
