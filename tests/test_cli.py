@@ -12,13 +12,15 @@ import rasterio
 from tests.conftest import FLOOD, LAKE, RGB, needs_shared
 
 
-def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+def run(
+    *args: str, cwd: Path | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "geoserve", *args],
         capture_output=True,
         text=True,
         cwd=cwd,
-        env={**os.environ, "PYTHONWARNINGS": "default"},
+        env={**os.environ, "PYTHONWARNINGS": "default", **(env or {})},
         timeout=300,
     )
 
@@ -245,3 +247,48 @@ def test_predict_output_is_the_same_however_it_runs(tmp_path, served, extra):
     gets = [entry for entry in log if entry[0] == "GET"]
     assert (len(gets) > 1) == served
     assert all(r is not None for _, _, r in gets)
+
+
+def test_predict_with_weights_from_the_hub_cache_offline(tmp_path, make_geotiff):
+    """``--weights hf://...`` end to end: read from a Hub cache with HF_HUB_OFFLINE set."""
+    from safetensors.torch import load_file, save
+
+    from geoserve.cli import main
+    from geoserve.models.demo import weights_path
+    from tests.hub_cache import COMMIT, ORG, add_file, set_ref
+
+    state = load_file(str(weights_path()))
+    state["head.weight"], state["head.bias"] = -state["head.weight"], -state["head.bias"]
+    data = save(state)  # the demo model with its two classes swapped
+    cache = tmp_path / "hub"
+    add_file(cache, "water.safetensors", data, repo="demo")
+    set_ref(cache, "main", COMMIT, repo="demo")
+    scene = make_geotiff(bands=13, height=40, width=50)
+    env = {"HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(cache)}
+
+    by_hub = tmp_path / "hub.tif"
+    argv = ["predict", str(scene), "--model", "demo-water", "-q"]
+    res = run(*argv, "-o", str(by_hub), "--weights", f"hf://{ORG}/demo", env=env)
+    assert res.returncode == 0, res.stderr
+    local = tmp_path / "local.safetensors"
+    local.write_bytes(data)
+    assert main([*argv, "-o", str(tmp_path / "local.tif"), "--weights", str(local)]) == 0
+    assert main([*argv, "-o", str(tmp_path / "own.tif")]) == 0
+    with (
+        rasterio.open(by_hub) as a,
+        rasterio.open(tmp_path / "local.tif") as b,
+        rasterio.open(tmp_path / "own.tif") as c,
+    ):
+        hub, same, own = a.read(1), b.read(1), c.read(1)
+    np.testing.assert_array_equal(hub, same)
+    assert (hub != own).mean() > 0.9  # its own weights were replaced
+
+    res = run(
+        *argv, "-o", str(tmp_path / "x.tif"), "--weights", f"hf://{ORG}/demo/nope.pt", env=env
+    )
+    assert res.returncode == 1
+    last = res.stderr.strip().splitlines()[-1]  # (after any plugin's load warning)
+    assert last.startswith(f"geoserve: error: hf://{ORG}/demo/nope.pt: not in the cache at {cache}")
+    assert f"`hf download {ORG}/demo nope.pt`" in last
+    assert "Traceback" not in res.stderr
+    assert not (tmp_path / "x.tif").exists()

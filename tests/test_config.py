@@ -291,3 +291,23 @@ def test_python_callers_get_config_errors_and_may_pass_a_mapping():
         Engine("identity", device="cuda:7")
     with pytest.raises(ConfigError, match="compile_backend: unknown 'nonexistent'"):
         Engine("identity", compile=True, compile_backend="nonexistent")
+
+
+def test_a_hub_reference_is_kept_as_written_by_python_flags_and_files(tmp_path):
+    ref = "hf://org/repo/w.safetensors@v1"
+    assert EngineConfig(weights=ref).weights == ref
+    args = build_parser().parse_args(["predict", "a.tif", "-o", "b.tif", "--weights", ref])
+    assert engine_config(args, {}).weights == ref
+    path = tmp_path / "c.yaml"
+    path.write_text(f"weights: {ref}\n")  # not a path relative to the file
+    args = build_parser().parse_args(["predict", "a.tif", "--config", str(path)])
+    assert engine_config(args, read_options(args.config, dict.fromkeys(FIELDS, EngineConfig))) == (
+        EngineConfig(weights=ref)
+    )
+    assert EngineConfig.from_file(path).weights == ref
+    path.write_text("weights: s3://bucket/w.pt\n")
+    with pytest.raises(ConfigError, match=r"c\.yaml: weights: URL 's3://bucket/w\.pt'"):
+        engine_config(args, read_options(args.config, dict.fromkeys(FIELDS, EngineConfig)))
+    args = build_parser().parse_args(["predict", "a.tif", "-o", "b.tif", "--weights", "hf://x"])
+    with pytest.raises(ConfigError, match=r"^--weights: Hub reference 'hf://x'"):
+        engine_config(args, {})

@@ -20,6 +20,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from geoserve.errors import ConfigError
+from geoserve.models.hub import check_weights_value
 from geoserve.raster.grid import BlendMode
 from geoserve.raster.trust import DEFAULT_INPUT_FORMATS, check_formats
 from geoserve.schemas import OutputKind
@@ -42,8 +43,9 @@ class EngineConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, frozen=True)
 
-    weights: Path | None = None
-    """Local weights file loaded into the model (strict; default: the model's own)."""
+    weights: Path | str | None = None
+    """Weights loaded into the model (strict): a local file, or hf://ORG/REPO[/FILE][@REVISION]
+    from the Hugging Face Hub (default: the model's own)."""
     device: str = "cpu"
     """Torch device for the forward passes (cpu, cuda, cuda:1)."""
     dtype: DType | None = None
@@ -103,6 +105,12 @@ class EngineConfig(BaseModel):
             if type(value).__module__ == "torch":  # torch.bfloat16, torch.device("cuda")
                 data[key] = str(value).removeprefix("torch.")
         return data
+
+    @field_validator("weights", mode="before")
+    @classmethod
+    def _file_or_hub_reference(cls, value: Any) -> Any:
+        """Text is a path, or a checked ``hf://`` reference kept as text (fetched later)."""
+        return check_weights_value(value) if isinstance(value, str) else value
 
     @field_validator("allowed_formats")
     @classmethod

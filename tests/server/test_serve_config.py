@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import base64
+
 import httpx
 import numpy as np
+import pytest
 from rasterio.io import MemoryFile
 
 from geoserve import Engine, EngineConfig
-from geoserve.cli import build_parser
+from geoserve.cli import build_parser, main
 from geoserve.cli.serve import server_settings
+from geoserve.errors import ConfigError
+from geoserve.server import ServerSettings, create_app
 from tests.conftest import write_geotiff
+from tests.hub_cache import REF, fill_cache, offline
 from tests.server.conftest import free_port, running_server
 
 
@@ -37,3 +43,51 @@ def test_tiling_and_output_kind_from_a_file_and_flags_reach_the_server(tmp_path)
     config = EngineConfig(output_kind="probabilities", patch_size=20, stride=10, blend="mean")
     want = Engine("test-seg", config).generate_image(scene, out_format="tensor")
     np.testing.assert_allclose(got, want.outputs.tensor.numpy(), rtol=1e-5)
+
+
+def test_hub_weights_need_allow_hub_weights_and_then_are_served(tmp_path, monkeypatch, capsys):
+    cache = tmp_path / "hub"
+    fill_cache(cache)
+    offline(monkeypatch, cache)
+    parse = build_parser().parse_args
+    with pytest.raises(ConfigError, match="--allow-hub-weights") as info:
+        server_settings(parse(["serve", "-m", "test-seg", "--weights", REF]))
+    assert f"weights {REF!r} is a Hub reference" in str(info.value)
+    conf = tmp_path / "serve.yaml"
+    conf.write_text(f"model: test-seg\nweights: {REF}\n")
+    with pytest.raises(ConfigError, match="--allow-hub-weights"):
+        server_settings(parse(["serve", "--config", str(conf)]))
+    with pytest.raises(ConfigError, match="--allow-hub-weights"):  # Python callers too
+        create_app(ServerSettings(model="test-seg", weights=REF))
+    from geoserve.distributed.serving import serve_on_ray
+
+    with pytest.raises(ConfigError, match="--allow-hub-weights"):  # before Ray starts
+        serve_on_ray(ServerSettings(model="test-seg", weights=REF))
+    # the command refuses at start-up with one line, before it listens or loads anything
+    assert main(["serve", "-m", "test-seg", "--weights", REF, "--port", str(free_port())]) == 1
+    err = capsys.readouterr().err
+    assert err.strip().splitlines()[-1].startswith("geoserve: error: weights ")
+    assert "--allow-hub-weights" in err
+    assert "Traceback" not in err
+
+    argv = ["serve", "--config", str(conf), "--allow-hub-weights", "--port", str(free_port())]
+    settings = server_settings(parse(argv))
+    assert settings.allow_hub_weights
+    assert settings.engine.weights == REF
+    scene = write_geotiff(
+        tmp_path / "s.tif", np.random.default_rng(3).integers(0, 400, (3, 30, 26)).astype(np.uint16)
+    )
+    with running_server(**settings.model_dump()) as url:
+        resp = httpx.post(f"{url}/v1/images", files={"file": ("s.tif", scene.read_bytes())})
+        # a request cannot name weights: the server's own configuration is the only source
+        body = {"data": base64.b64encode(scene.read_bytes()).decode(), "options": {"weights": REF}}
+        refused = httpx.post(f"{url}/v1/images", json=body)
+    assert resp.status_code == 200, resp.text
+    assert refused.status_code == 422
+    assert "weights" in refused.json()["message"]
+    with MemoryFile(resp.content) as mem, mem.open() as ds:
+        got = ds.read()
+    engine = Engine("test-seg", weights=REF)
+    assert engine.model.conv.bias.tolist() == [3.0] * 4  # the cached file's, not the defaults
+    want = engine.generate_image(scene, out_format="tensor").outputs.tensor.numpy()
+    np.testing.assert_array_equal(got, want)

@@ -21,6 +21,7 @@ from pydantic.fields import FieldInfo
 
 from geoserve.config import EngineConfig, config_error, read_config_file
 from geoserve.errors import ConfigError
+from geoserve.models.hub import scheme_of
 
 #: Hand-written spellings kept beside the generated flag (older names, short forms).
 ALIASES: dict[str, tuple[str, ...]] = {
@@ -125,11 +126,16 @@ def read_options(path: str | None, known: Mapping[str, type[BaseModel] | None]) 
     return values
 
 
-def _file_path(base: Path, value: Any, source: str, key: str) -> Path:
-    """A path written in a configuration file: ``~`` expanded, relative to the file."""
+def _file_path(base: Path, value: Any, source: str, key: str) -> Path | str:
+    """A path written in a configuration file: ``~`` expanded, relative to the file.
+
+    Text with a scheme (``hf://...``) is no path: it stays as written, for the field to check.
+    """
     text = str(value).strip()
     if not text:
         raise ConfigError(f"{source}: {key}: an empty path")
+    if scheme_of(text) is not None:
+        return text
     return base / Path(text).expanduser()
 
 

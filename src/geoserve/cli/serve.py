@@ -44,6 +44,7 @@ def server_settings(args: argparse.Namespace) -> ServerSettings:
     for directory in [*settings.allowed_input_dirs, settings.output_dir]:
         if directory is not None and not directory.is_dir():
             raise ConfigError(f"{directory}: not a directory")
+    settings.check_weights_source()
     return settings
 
 

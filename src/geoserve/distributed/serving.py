@@ -65,7 +65,13 @@ def serve_on_ray(
     gpus_per_replica: float = 0.0,
     blocking: bool = True,
 ) -> None:
-    """Start Ray Serve on ``settings.host:settings.port`` and deploy the replicas."""
+    """Start Ray Serve on ``settings.host:settings.port`` and deploy the replicas.
+
+    Raises:
+        ConfigError: the settings name Hub weights without ``allow_hub_weights`` (before Ray
+            starts; each replica fetches them into its own machine's cache).
+    """
+    settings.check_weights_source()
     import ray
     from ray import serve
 

@@ -1,7 +1,9 @@
 """Turning a model name into a ready module and its processors.
 
 Looks the name up (loading plugins first), checks that both processors are registered, builds
-the module with its factory and loads local weights strictly, naming missing and unexpected keys.
+the module with its factory and loads weights strictly, naming missing and unexpected keys.
+Weights given as a Hub reference (``hf://ORG/REPO[/FILE][@REVISION]``) are fetched and verified
+here first (:mod:`geoserve.models.hub`), so every way of building an engine takes them.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any
 import torch
 
 from geoserve.errors import ProcessorMismatchError, WeightsError
+from geoserve.models.hub import resolve_weights
 from geoserve.plugins import load_plugins
 from geoserve.processors.base import InputProcessor, OutputProcessor
 from geoserve.registry import INPUT_REGISTRY, MODEL_REGISTRY, OUTPUT_REGISTRY, ModelSpec
@@ -101,8 +104,13 @@ def build_model(
 ) -> torch.nn.Module:
     """Build ``spec``'s module, load ``weights`` if given, move it to ``device``, eval mode.
 
+    ``weights`` is a local file or a Hub reference, fetched (or read from the Hub's cache) and
+    verified before the model is built.
+
     Raises:
-        WeightsError: the model needs weights and none were given, or they do not load.
+        ConfigError: ``weights`` is a malformed reference or a URL of another scheme.
+        WeightsError: the model needs weights and none were given, a reference cannot be
+            fetched, or the weights do not load.
     """
     if weights is None and spec.weights_required:
         hint = f" ({spec.weights_hint})" if spec.weights_hint else ""
@@ -110,6 +118,7 @@ def build_model(
             f"model {spec.name!r} needs a weights file (--weights FILE on the command line, "
             f"weights= in Python){hint}"
         )
+    weights = resolve_weights(weights)
     if spec.loads_weights:
         module: Any = spec.factory(weights)  # type: ignore[call-arg]
     else:

@@ -1,13 +1,18 @@
-"""Models shipped with geoserve (registered through the ``geoserve.plugins`` entry point)."""
+"""Models shipped with geoserve (registered through the ``geoserve.plugins`` entry point).
+
+Importing the package imports no torch (:mod:`geoserve.models.hub` is read by the
+configuration, which the command line checks before torch loads).
+"""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from torch import nn
+if TYPE_CHECKING:
+    from torch import nn
 
 from geoserve.errors import ConfigError
 

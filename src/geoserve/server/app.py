@@ -338,7 +338,13 @@ class _Service:
 
 
 def create_app(settings: ServerSettings, *, engine: Engine | None = None) -> FastAPI:
-    """Build the FastAPI app; the model loads in the background (ready is 503 until then)."""
+    """Build the FastAPI app; the model loads in the background (ready is 503 until then).
+
+    Raises:
+        ConfigError: the settings name Hub weights without ``allow_hub_weights``.
+    """
+    if engine is None:
+        settings.check_weights_source()
     svc = _Service(settings, engine)
 
     @asynccontextmanager

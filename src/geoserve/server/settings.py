@@ -14,6 +14,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from geoserve.config import EngineConfig
+from geoserve.errors import ConfigError
+from geoserve.models.hub import hub_endpoint, is_hub_reference
 
 
 class ServerFields(BaseModel):
@@ -52,6 +54,9 @@ class ServerFields(BaseModel):
     """On SIGTERM, how long in-flight requests may take to finish while new ones get 503."""
     retry_after_s: int = Field(1, ge=0)
     """Retry-After value sent with 503 responses."""
+    allow_hub_weights: bool = False
+    """Let --weights be a Hub reference (hf://...), fetched from huggingface.co (or HF_ENDPOINT)
+    at start-up; off: the server refuses to start with one."""
 
     @field_validator("api_key", mode="before")
     @classmethod
@@ -91,6 +96,20 @@ class ServerSettings(ServerFields):
             engine = engine.model_dump(exclude_unset=True)
         rest["engine"] = {**engine, **top}
         return rest
+
+    def check_weights_source(self) -> None:
+        """Refuse Hub weights unless ``allow_hub_weights`` (the server then reaches the network).
+
+        Raises:
+            ConfigError: ``engine.weights`` is an ``hf://`` reference and the flag is off.
+        """
+        weights = self.engine.weights
+        if is_hub_reference(weights) and not self.allow_hub_weights:
+            raise ConfigError(
+                f"weights {weights!r} is a Hub reference, which the server would fetch from "
+                f"{hub_endpoint()} at start-up: allow that with --allow-hub-weights "
+                "(allow_hub_weights: true in a --config file), or give a local file"
+            )
 
     @property
     def output_dir(self) -> Path | None:
