@@ -5,9 +5,10 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from torch import nn
+if TYPE_CHECKING:  # (importing geoserve.models alone does not import torch)
+    from torch import nn
 
 
 def load_checkpoint(
@@ -16,11 +17,13 @@ def load_checkpoint(
     variant: str | None = None,
     config: Mapping[str, Any] | str | os.PathLike[str] | None = None,
 ) -> nn.Module:
-    """Build and load a Prithvi model from a local checkpoint.
+    """Build and load the model of a local checkpoint.
 
-    See :func:`geoserve.models.prithvi.load_checkpoint`; imported lazily so that plain
-    ``import geoserve`` does not import timm.
+    Prithvi checkpoints, and TerraTorch SMP / timm encoder-decoders described by their
+    fine-tune config. See :func:`geoserve.models.families.load_checkpoint` (which family
+    loads what) and :func:`geoserve.models.prithvi.load_checkpoint`; imported lazily so that
+    plain ``import geoserve`` does not import timm.
     """
-    from geoserve.models.prithvi import load_checkpoint as load
+    from geoserve.models.families import load_checkpoint as load
 
     return load(path, variant=variant, config=config)
