@@ -162,3 +162,25 @@ def test_prithvi_configs_are_left_to_the_prithvi_loader(tmp_path):
     assert not is_encoder_decoder_config(path)
     (tmp_path / "broken.yaml").write_text("model: [")
     assert not is_encoder_decoder_config(tmp_path / "broken.yaml")
+
+
+@pytest.mark.parametrize(
+    ("decoder_args", "message"),
+    [
+        (
+            {"decoder": "UperNetDecoder", "decoder_pool_scales": [1, 10000]},
+            "decoder_pool_scales[1]: must be an integer from 1 to 64",
+        ),
+        (
+            {"decoder": "FPN", "decoder_decoder_merge_policy": "mul"},
+            "'mul' is not supported; supported: add, cat",
+        ),
+        ({"decoder": "FPN", "head_dropout": 2}, "head_dropout: must be a number from 0 to 1"),
+        ({"decoder": "FPN", "backbone_output_stride": 4}, "supported: 8, 16, 32"),
+    ],
+)
+def test_sizes_without_weights_are_bounded_too(tmp_path, decoder_args, message):
+    args = {"backbone": "resnet18", "num_classes": 2, **decoder_args}
+    with pytest.raises(WeightsError) as info:
+        read_fine_tune(write(tmp_path, args))
+    assert message in str(info.value)

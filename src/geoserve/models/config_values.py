@@ -9,17 +9,21 @@ here is ever imported, called or used as a path.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 from geoserve.errors import WeightsError
 
 T = TypeVar("T")
+#: A check of one value: ``check(value, key)`` returns it (or a normalised form) or raises.
+Check = Callable[[Any, str], Any]
 
 #: Longest list and string taken from a config file.
 MAX_ITEMS = 1024
 MAX_TEXT = 200
+#: Largest integer taken as an argument of a library's constructor (channels, depths, ...).
+MAX_INT = 8192
 
 
 class Values:
@@ -88,25 +92,30 @@ class Values:
             return [self.plain(item, f"{key}[{i}]") for i, item in enumerate(items)]
         if value is None or isinstance(value, bool):
             return value
-        if isinstance(value, int | float):
-            return self.number(value, key, -1e30, 1e30) if isinstance(value, float) else value
+        if isinstance(value, int):
+            return self.integer(value, key, -MAX_INT, MAX_INT)
+        if isinstance(value, float):
+            return self.number(value, key, -1e30, 1e30)
         if isinstance(value, str):
             return self.text(value, key)
         raise self._bad(key, "a number, string, boolean or a list of them", value)
 
     def only(
-        self, given: Mapping[str, Any], allowed: Iterable[str], prefix: str, what: str
+        self, given: Mapping[str, Any], checks: Mapping[str, Check], prefix: str, what: str
     ) -> dict[str, Any]:
-        """``given`` (plain values), refusing any key not in ``allowed``."""
-        allowed = tuple(allowed)
+        """``given``, each value through its check; a key without one is refused.
+
+        ``checks``: key -> ``check(value, key)`` (a method of this object, say), which returns
+        the value or raises.
+        """
         out = {}
         for key, value in given.items():
-            if key not in allowed:
-                listing = ", ".join(prefix + a for a in allowed)
+            if key not in checks:
+                listing = ", ".join(prefix + a for a in checks)
                 raise self.error(
                     f"{prefix}{str(key)[:60]}", f"is not supported for {what}; supported: {listing}"
                 )
-            out[key] = self.plain(value, prefix + key)
+            out[key] = checks[key](value, prefix + key)
         return out
 
     def _list(self, value: Any, key: str, what: str) -> list[Any]:

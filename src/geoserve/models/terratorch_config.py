@@ -26,12 +26,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from geoserve.errors import WeightsError
 from geoserve.models.config_file import read_mapping, section
-from geoserve.models.config_values import Values
+from geoserve.models.config_values import Check, Values
 from geoserve.models.terratorch_data import DataSpec, read_data
 
 #: The model factories geoserve builds, by TerraTorch's name.
@@ -77,21 +78,9 @@ SMP_MODELS = (
 #: ``EncoderDecoderFactory`` decoders; ``FPN`` is smp's, as TerraTorch's decoder registry
 #: finds it (also written ``smp_FPN``).
 DECODERS = ("UNetDecoder", "UperNetDecoder", "FPN")
-#: The arguments each part takes from the config (``backbone_``/``decoder_``/``head_`` keys).
-BACKBONE_ARGS = ("in_chans", "pretrained", "out_indices", "output_stride", "drop_rate",
-                 "drop_path_rate")  # fmt: skip
-DECODER_ARGS = {
-    "UNetDecoder": ("channels", "use_batchnorm", "attention_type"),
-    "UperNetDecoder": ("channels", "pool_scales", "align_corners"),
-    "FPN": (
-        "decoder_pyramid_channels",
-        "decoder_segmentation_channels",
-        "decoder_merge_policy",
-        "decoder_dropout",
-        "decoder_interpolation",
-    ),
-}
-HEAD_ARGS = ("channel_list", "dropout")
+#: How the ``EncoderDecoderFactory`` decoders normalise (smp's ``use_norm``).
+_NORMS = (True, False, "batchnorm", "identity", "layernorm", "instancenorm", "inplace")
+_INTERPOLATIONS = ("nearest", "bilinear", "bicubic", "area", "nearest-exact")
 #: Model arguments that only matter for training: accepted and not used.
 _TRAINING_ONLY = ("aux_decoders", "pretrained", "backbone_pretrained", "regression_relu")
 _MAX_CHANNELS = 8192
@@ -251,9 +240,12 @@ def _encoder_decoder(args: Mapping[str, Any], v: Values) -> NetworkSpec:
         )
     parts = {prefix: _prefixed(args, prefix, v) for prefix in ("backbone_", "decoder_", "head_")}
     _refuse_unknown(args, v)
-    backbone_kwargs = _backbone_kwargs(parts["backbone_"], v)
-    decoder_kwargs = v.only(parts["decoder_"], DECODER_ARGS[decoder], "decoder_", decoder)
-    head_kwargs = v.only(parts["head_"], HEAD_ARGS, "head_", "the segmentation head")
+    checks = _checks(v)
+    given = {k: x for k, x in parts["backbone_"].items() if x is not None}  # timm drops None
+    backbone_kwargs = v.only(given, checks["backbone"], "backbone_", "timm backbones")
+    backbone_kwargs.pop("pretrained", None)  # the checkpoint holds the weights
+    decoder_kwargs = v.only(parts["decoder_"], checks[decoder], "decoder_", decoder)
+    head_kwargs = v.only(parts["head_"], checks["head"], "head_", "the segmentation head")
     if args.get("num_classes") is None:
         raise v.error("num_classes", "is required for segmentation")
     return NetworkSpec(
@@ -296,22 +288,43 @@ def _refuse_unknown(args: Mapping[str, Any], v: Values) -> None:
         )
 
 
-def _backbone_kwargs(given: Mapping[str, Any], v: Values) -> dict[str, Any]:
-    kwargs = v.only(given, BACKBONE_ARGS, "backbone_", "timm backbones")
-    kwargs.pop("pretrained", None)  # the checkpoint holds the weights
-    out: dict[str, Any] = {}
-    if "in_chans" in kwargs:
-        out["in_chans"] = v.integer(kwargs["in_chans"], "backbone_in_chans", 1, _MAX_CHANNELS)
-    if kwargs.get("out_indices") is not None:
-        out["out_indices"] = v.integers(kwargs["out_indices"], "backbone_out_indices", 0, 7)
-    if kwargs.get("output_stride") is not None:
-        out["output_stride"] = v.choice(
-            kwargs["output_stride"], "backbone_output_stride", (8, 16, 32)
-        )
-    for key in ("drop_rate", "drop_path_rate"):  # no effect in eval mode; passed as given
-        if kwargs.get(key) is not None:
-            out[key] = v.number(kwargs[key], f"backbone_{key}", 0.0, 1.0)
-    return out
+def _checks(v: Values) -> dict[str, dict[str, Check]]:
+    """What each part takes from the config, and how each value is checked.
+
+    Every size is bounded, so a config cannot make the model allocate or compute without
+    limit (the pool scales and dropouts hold no weights the checkpoint would check).
+    """
+    channel = partial(v.integer, lo=1, hi=_MAX_CHANNELS)
+    channels = partial(v.integers, lo=1, hi=_MAX_CHANNELS)
+    fraction = partial(v.number, lo=0.0, hi=1.0)
+    return {
+        "backbone": {
+            "in_chans": channel,
+            "pretrained": v.plain,  # not used: the checkpoint holds the weights
+            "out_indices": partial(v.integers, lo=0, hi=7),
+            "output_stride": partial(v.choice, options=(8, 16, 32)),
+            "drop_rate": fraction,  # no effect in eval mode; passed as given
+            "drop_path_rate": fraction,
+        },
+        "UNetDecoder": {
+            "channels": channels,
+            "use_batchnorm": partial(v.choice, options=_NORMS),
+            "attention_type": partial(v.choice, options=(None, "scse")),
+        },
+        "UperNetDecoder": {
+            "channels": channel,
+            "pool_scales": partial(v.integers, lo=1, hi=64),
+            "align_corners": v.boolean,
+        },
+        "FPN": {
+            "decoder_pyramid_channels": channel,
+            "decoder_segmentation_channels": channel,
+            "decoder_merge_policy": partial(v.choice, options=("add", "cat")),
+            "decoder_dropout": fraction,
+            "decoder_interpolation": partial(v.choice, options=_INTERPOLATIONS),
+        },
+        "head": {"channel_list": channels, "dropout": fraction},
+    }
 
 
 def _necks(necks: Any, v: Values) -> tuple[int, ...] | None:
