@@ -33,7 +33,7 @@ class ModelEntry:
     name: str
     plugin: str
     description: str
-    weights: str  # "required", "built in" (geoserve's own models) or "none"
+    weights: str  # "required", "built in" (geoserve's own), "registered" (configured) or "none"
     weights_hint: str = ""
     bands: list[int | str] | None = None  # None: every band of the input
     num_frames: int = 1
@@ -80,8 +80,12 @@ def model_entries() -> list[ModelEntry]:
     entries = []
     for name, spec in sorted(MODEL_REGISTRY.items()):
         plugin = plugin_of(spec.factory)
+        if getattr(spec.factory, "configured_files", None) is not None:
+            plugin = "configured"  # from a fine-tune config (geoserve.models.configured)
         if spec.weights_required:
             weights = "required"
+        elif plugin == "configured":
+            weights = "registered"
         else:
             weights = "built in" if plugin == "geoserve" else "none"
         entry = ModelEntry(name, plugin, spec.description, weights, spec.weights_hint)

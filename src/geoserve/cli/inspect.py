@@ -18,7 +18,9 @@ from geoserve.errors import GeoServeError
 def cmd_models(args: argparse.Namespace) -> int:
     """``geoserve models``: the registered models, as a table or JSON."""
     from geoserve.catalog import format_table, model_entries
+    from geoserve.cli.configured import register_configured_models
 
+    register_configured_models(args)
     entries = model_entries()
     if args.json:
         print(json.dumps([e.as_json() for e in entries], indent=2))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 
+from geoserve.cli.configured import add_configured_flags
 from geoserve.cli.multimodal import modality_input
 from geoserve.cli.options import add_model_flags
 from geoserve.config import EngineConfig
@@ -142,6 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="also draw input and prediction side by side (a directory for several inputs)",
     )
     p.add_argument("-q", "--quiet", action="store_true", help="print errors only")
+    add_configured_flags(p, config_file=True)
     _debug(p)
 
     s = sub.add_parser(
@@ -173,6 +175,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="GPUs per replica (default 0)",
     )
+    add_configured_flags(s, config_file=True, models_dir=False)  # models_dir: a server field
     _debug(s)
 
     i = sub.add_parser(
@@ -197,5 +200,6 @@ def build_parser() -> argparse.ArgumentParser:
 
     m = sub.add_parser("models", help="list registered models")
     m.add_argument("--json", action="store_true", help="every detail, as JSON (for scripts)")
+    add_configured_flags(m)
     _debug(m)
     return parser

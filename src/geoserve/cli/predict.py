@@ -17,6 +17,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from geoserve.cli.configured import chosen_model, register_configured_models
 from geoserve.cli.multimodal import dates_of, reference_of, request_of, sources_of
 from geoserve.cli.options import engine_config, known_keys, read_options
 from geoserve.cli.parser import DEFAULT_MODEL
@@ -71,7 +72,7 @@ def cmd_predict(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
     request = _modality_request(args, parser)
     from_file = read_options(args.config, known_keys(EngineConfig))
     config = engine_config(args, from_file)
-    args.model = getattr(args, "model", None) or from_file.get("model") or DEFAULT_MODEL
+    args.model = _model_of(args, from_file.get("model"))
     if args.output is None:
         if config.output_dir is None:
             parser.error("predict: give -o OUT (or --output-dir DIR, or output_dir in --config)")
@@ -107,6 +108,20 @@ def cmd_predict(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
         engine = Engine(args.model, config)
     with engine:  # Ctrl-C closes it: unfinished outputs are removed, never left partial
         return _predict_all(engine, args, skip=bad, request=request)
+
+
+def _model_of(args: argparse.Namespace, in_file: str | None) -> str:
+    """The model to run: ``--model`` (or the ``--config`` file's), or the one registered.
+
+    Registers the models ``--config-file``, ``--register`` and ``--models-dir`` name.
+    """
+    given = getattr(args, "model", None) or in_file
+    if args.ray and (args.config_file or args.register or args.models_dir):
+        raise ConfigError(
+            "--config-file, --register and --models-dir register a model in this process; "
+            "Ray's actors would not know it: run without --ray"
+        )
+    return chosen_model(given, register_configured_models(args, model=given), DEFAULT_MODEL)
 
 
 def _modality_request(

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
+from geoserve.cli.configured import chosen_model, planned_models, register_configured_models
 from geoserve.cli.options import engine_config, flag_error, given, known_keys, read_options
 from geoserve.cli.parser import DEFAULT_MODEL
 from geoserve.config import EngineConfig, config_error
@@ -34,16 +35,19 @@ def server_settings(args: argparse.Namespace) -> ServerSettings:
         ServerFields.model_validate(server_file)
     except ValidationError as exc:
         raise config_error(exc, str(args.config), ServerFields.model_fields) from None
-    model = getattr(args, "model", None) or from_file.get("model") or DEFAULT_MODEL
     try:
-        settings = ServerSettings.model_validate(
-            {**server_file, **given(args, ServerFields), "model": model, "engine": engine}
-        )
+        fields = ServerFields.model_validate({**server_file, **given(args, ServerFields)})
     except ValidationError as exc:
         raise flag_error(exc, ServerFields) from None
-    for directory in [*settings.allowed_input_dirs, settings.output_dir]:
+    for directory in [*fields.allowed_input_dirs, engine.output_dir]:
         if directory is not None and not directory.is_dir():
             raise ConfigError(f"{directory}: not a directory")
+    named = getattr(args, "model", None) or from_file.get("model")
+    planned = planned_models(args, models_dir=fields.models_dir, model=named)
+    model = chosen_model(named, [m.name for m in planned], DEFAULT_MODEL)
+    settings = ServerSettings.model_validate(
+        {**fields.model_dump(exclude_unset=True), "model": model, "engine": engine}
+    )
     settings.check_weights_source()
     return settings
 
@@ -58,6 +62,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
         ) from exc
     settings = server_settings(args)
     logging.getLogger("geoserve").setLevel(logging.INFO)
+    if args.ray and (args.config_file or args.register):
+        raise ConfigError(
+            "--config-file and --register register a model in this process; Ray Serve's "
+            "replicas would not know it: use models_dir (--models-dir) with --ray"
+        )
+    register_configured_models(args, models_dir=settings.models_dir, model=settings.model)
     if args.ray:
         from geoserve.distributed.serving import serve_on_ray
 

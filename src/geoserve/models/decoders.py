@@ -1,15 +1,16 @@
-"""Decoders and heads shared by the ViT fine-tunes (Prithvi, TerraMind).
+"""Decoders and heads of TerraTorch's fine-tunes, shared by every family.
 
-The layers of TerraTorch's ``UperNetDecoder``, ``UNetDecoder`` (segmentation-models-pytorch 0.5's
-UNet), ``LearnedInterpolateToPyramidal`` neck and ``SegmentationHead``, with the module and
-parameter names of TerraTorch checkpoints (``decoder.psp_modules.0.1.conv``,
-``decoder.decoder.blocks.0.conv1.0``, ``neck.2.fpn1.0``, ``head.head.2``...). Dropout is
+Prithvi, TerraMind and the timm / SMP encoder-decoders use the layers of TerraTorch's ``UperNetDecoder``, ``UNetDecoder`` (segmentation-models-pytorch 0.5's
+UNet), ``SMPDecoderWrapper`` (smp's FPN), ``LearnedInterpolateToPyramidal`` neck and
+``SegmentationHead``, with the module and parameter names of TerraTorch checkpoints
+(``decoder.psp_modules.0.1.conv``, ``decoder.decoder.blocks.0.conv1.0``, ``neck.2.fpn1.0``,
+``head.head.2``...). Each takes the feature list shallowest first. Dropout is
 inference-irrelevant and kept only for the key layout.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -140,67 +141,90 @@ class UperNetDecoder(UperNet):
         return self.decode(pyramid)
 
 
-class ConvBNReLUSeq(nn.Sequential):
-    """3x3 conv (no bias), BatchNorm, ReLU as an indexed Sequential (keys ``0``, ``1``)."""
-
-    def __init__(self, cin: int, cout: int) -> None:
-        super().__init__(
-            nn.Conv2d(cin, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout), nn.ReLU()
-        )
-
-
-class UNetBlock(nn.Module):
-    """Resize to the target size (nearest), concatenate the skip, two conv-BN-ReLU."""
-
-    def __init__(self, cin: int, skip: int, cout: int) -> None:
-        super().__init__()
-        self.conv1 = ConvBNReLUSeq(cin + skip, cout)
-        self.conv2 = ConvBNReLUSeq(cout, cout)
-
-    def forward(
-        self, x: torch.Tensor, size: tuple[int, int], skip: torch.Tensor | None
-    ) -> torch.Tensor:
-        """One decoder step."""
-        x = F.interpolate(x, size=size, mode="nearest")
-        if skip is not None:
-            x = torch.cat([x, skip], dim=1)
-        return self.conv2(self.conv1(x))
-
-
-class _UNetCore(nn.Module):
-    def __init__(self, levels: Sequence[int], channels: Sequence[int]) -> None:
-        super().__init__()
-        rev = list(levels)[::-1]  # deepest first
-        ins = [rev[0], *channels[:-1]]
-        skips = [*rev[1:], 0]
-        self.blocks = nn.ModuleList(
-            UNetBlock(i, s, o) for i, s, o in zip(ins, skips, channels, strict=True)
-        )
-
-
 class UNetDecoder(nn.Module):
-    """The UNet decoder of the burn-scar and crop fine-tunes (segmentation-models-pytorch 0.5).
+    """segmentation-models-pytorch 0.5's UNet decoder, as TerraTorch's ``UNetDecoder`` wraps it.
 
-    smp 0.5 resizes each step to the *next feature's* size; TerraTorch feeds the H/4 level
-    twice, so the last step (no skip) stays at H/4 and the output is ``channels[-1]`` at H/4.
-    (smp 0.3 upsampled x2 per step and would end at H/2: the semantics, not just the weights,
-    are pinned.) Keys: ``decoder.blocks.{i}.conv{1,2}.{0,1}``.
+    TerraTorch feeds the first (shallowest) feature twice, so each block resizes (nearest) to
+    the next feature's size and the last block, with no skip, stays at the first feature's
+    size: ``channels[-1]`` wide at H/4 over a ViT pyramid. (smp 0.3 upsampled x2 per block and
+    would end at H/2: the semantics, not just the weights, are pinned.) Keys:
+    ``decoder.blocks.{i}.conv{1,2}.{0,1}``.
     """
 
-    def __init__(self, levels: Sequence[int], channels: Sequence[int]) -> None:
+    def __init__(
+        self,
+        embed_dim: Sequence[int],
+        channels: Sequence[int],
+        use_batchnorm: bool | str = "batchnorm",
+        attention_type: str | None = None,
+    ) -> None:
+        from segmentation_models_pytorch.decoders.unet.decoder import UnetDecoder
+
+        if len(embed_dim) != len(channels):
+            raise ValueError(
+                f"decoder_channels has {len(channels)} entries, but the encoder gives "
+                f"{len(embed_dim)} features (one channel count per feature)"
+            )
         super().__init__()
-        self.decoder = _UNetCore(levels, channels)
-        self.out_channels = channels[-1]
+        self.decoder = UnetDecoder(
+            encoder_channels=[embed_dim[0], *embed_dim],
+            decoder_channels=list(channels),
+            n_blocks=len(channels),
+            use_norm=use_batchnorm,
+            add_center_block=False,
+            attention_type=attention_type,
+        )
+        self.out_channels = int(channels[-1])
 
     def forward(self, features: list[torch.Tensor]) -> torch.Tensor:
-        """Pyramid (shallowest first) -> (B, channels[-1], H/4, W/4)."""
-        sizes = [f.shape[2:] for f in [features[0], *features]][::-1]
-        deep = features[::-1]
-        x = deep[0]
-        for i, block in enumerate(self.decoder.blocks):
-            skip = deep[i + 1] if i + 1 < len(deep) else None
-            x = block(x, tuple(sizes[i + 1]), skip)
-        return x
+        """Features (shallowest first) -> (B, channels[-1], h0, w0)."""
+        return self.decoder([features[0].clone(), *features])
+
+
+class SMPDecoder(nn.Module):
+    """smp's FPN decoder for the encoder's channels (TerraTorch's ``SMPDecoderWrapper``).
+
+    TerraTorch builds ``smp.FPN`` around a stand-in encoder with the feature channels and depth
+    ``len(channels) - 1`` and keeps its decoder; this builds that decoder with the arguments
+    ``smp.FPN`` gives it.
+    """
+
+    def __init__(
+        self,
+        embed_dim: Sequence[int],
+        decoder_pyramid_channels: int = 256,
+        decoder_segmentation_channels: int = 128,
+        decoder_merge_policy: str = "add",
+        decoder_dropout: float = 0.2,
+        decoder_interpolation: str = "nearest",
+    ) -> None:
+        from segmentation_models_pytorch.decoders.fpn.decoder import FPNDecoder
+
+        super().__init__()
+        self._smp_decoder = FPNDecoder(
+            encoder_channels=list(embed_dim),
+            encoder_depth=len(embed_dim) - 1,
+            pyramid_channels=decoder_pyramid_channels,
+            segmentation_channels=decoder_segmentation_channels,
+            dropout=decoder_dropout,
+            merge_policy=decoder_merge_policy,  # type: ignore[arg-type]
+            interpolation_mode=decoder_interpolation,
+        )
+        self.out_channels = int(self._smp_decoder.out_channels)
+
+    def forward(self, features: list[torch.Tensor]) -> torch.Tensor:
+        """Features (shallowest first) -> (B, out_channels, h1, w1)."""
+        return self._smp_decoder(features)
+
+
+def upernet_decoder(
+    embed_dim: Sequence[int],
+    pool_scales: Sequence[int] = (1, 2, 3, 6),
+    channels: int = 256,
+    align_corners: bool = True,
+) -> UperNet:
+    """:class:`UperNet` with TerraTorch's ``UperNetDecoder`` argument names and order."""
+    return UperNet(embed_dim, channels, pool_scales, align_corners)
 
 
 class SegmentationHead(nn.Module):
@@ -233,6 +257,14 @@ class SegmentationHead(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Per-pixel class logits."""
         return self.head(x)
+
+
+#: Decoders by the name ``EncoderDecoderFactory`` configs give them: ``(channels, **kwargs)``.
+DECODER_CLASSES: dict[str, Callable[..., nn.Module]] = {
+    "UNetDecoder": UNetDecoder,
+    "UperNetDecoder": upernet_decoder,
+    "FPN": SMPDecoder,
+}
 
 
 def reflect_pad(x: torch.Tensor, pads: tuple[int, int, int, int]) -> torch.Tensor:

@@ -37,6 +37,7 @@ from geoserve.errors import (
     UnknownModelError,
     count,
 )
+from geoserve.models.configured import models_in_dir, register_all
 from geoserve.raster import tempfiles
 from geoserve.raster.dates import DateLike, request_dates
 from geoserve.schemas import ImageRequestOutput, OutFormat
@@ -84,6 +85,8 @@ class _Service:
         if s.output_dir is not None:  # what a killed earlier server left half-written
             tempfiles.sweep(s.output_dir)
         try:
+            if s.models_dir is not None:  # (each Ray Serve replica registers its own)
+                register_all(models_in_dir(s.models_dir))
             eng = self._given_engine or Engine(s.model, s.engine)
             async_engine = AsyncEngine(
                 eng,

@@ -43,6 +43,9 @@ class ServerFields(BaseModel):
     over it with the admitted ones: 503."""
     allowed_input_dirs: list[Path] = Field(default_factory=list)
     """Directories that ``path`` inputs may name; empty: path inputs are refused."""
+    models_dir: Path | None = None
+    """Directory of TerraTorch fine-tunes registered at start-up, one NAME/config.yaml and one
+    checkpoint beside it per model (see docs/models.md); serve one with --model NAME."""
     allowed_url_domains: list[str] = Field(default_factory=list)
     """Host names that ``url`` inputs may fetch from; empty: URL inputs are refused."""
     url_reads: Literal["range", "download"] = "range"

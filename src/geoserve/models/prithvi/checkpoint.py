@@ -31,6 +31,9 @@ from geoserve.models.prithvi.config import load_config_file, read_config
 from geoserve.models.prithvi.mae import PrithviMAE
 from geoserve.models.prithvi.segmentation import PrithviSegmentation
 from geoserve.models.prithvi.variants import FEATURE_INDICES, VARIANTS, encoder_kwargs
+from geoserve.models.state_dict import load_strict, read_state_dict
+
+__all__ = ["build_model", "infer_config", "load_checkpoint", "normalize_keys", "read_state_dict"]
 
 _TRAINING_ONLY = (
     "auxiliary_head.",
@@ -41,31 +44,6 @@ _TRAINING_ONLY = (
     "val_metrics",
     "test_metrics",
 )
-
-
-def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
-    """The tensors of a checkpoint file, unwrapped from ``state_dict`` if needed.
-
-    Raises:
-        WeightsError: missing, truncated or unreadable file.
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise WeightsError(f"{path}: checkpoint not found")
-    try:
-        if path.suffix == ".safetensors":
-            from safetensors.torch import load_file
-
-            raw: Any = load_file(str(path))
-        else:
-            raw = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:
-        raise WeightsError(f"{path}: cannot read checkpoint ({type(exc).__name__}: {exc})") from exc
-    if isinstance(raw, Mapping) and isinstance(raw.get("state_dict"), Mapping):
-        raw = raw["state_dict"]
-    if not isinstance(raw, Mapping):
-        raise WeightsError(f"{path}: not a state dict (got {type(raw).__name__})")
-    return {k: v for k, v in raw.items() if isinstance(v, torch.Tensor)}
 
 
 def normalize_keys(
@@ -257,25 +235,8 @@ def load_checkpoint(
     except (TypeError, ValueError) as exc:
         source = f"config {cfg_file}" if cfg_file else "config"
         raise WeightsError(f"{path}: {source} does not fit the model ({exc})") from exc
-    own = model.state_dict()
-    for key, value in own.items():  # the model's own computed embeddings are kept
+    for key, value in model.state_dict().items():  # the model's own computed embeddings
         if key.endswith("pos_embed"):
             state[key] = value
-    missing = [k for k in own if k not in state]  # in model order: encoder first
-    unexpected = sorted(set(state) - set(own))
-    wrong = [k for k in own if k in state and own[k].shape != state[k].shape]
-    if missing or unexpected or wrong:
-        detail = []
-        if missing:
-            detail.append(f"missing {missing[:8]}{' ...' if len(missing) > 8 else ''}")
-        if unexpected:
-            detail.append(f"unexpected {unexpected[:8]}{' ...' if len(unexpected) > 8 else ''}")
-        if wrong:
-            k = wrong[0]
-            detail.append(
-                f"shape mismatch at {k}: checkpoint {tuple(state[k].shape)}, "
-                f"model {tuple(own[k].shape)} ({len(wrong)} keys differ)"
-            )
-        raise WeightsError(f"{path}: checkpoint does not match the model: " + "; ".join(detail))
-    model.load_state_dict(state, strict=True)
+    load_strict(model, state, path)
     return model.eval()

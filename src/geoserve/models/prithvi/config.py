@@ -12,16 +12,15 @@ content is a :class:`~geoserve.errors.WeightsError` naming the file.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from geoserve.errors import WeightsError
+from geoserve.models.config_file import MAX_CONFIG_BYTES, read_mapping, section
 from geoserve.models.prithvi.variants import VARIANTS
 
-#: Larger config files are refused (published ones are a few kilobytes).
-MAX_CONFIG_BYTES = 1 << 20
+__all__ = ["MAX_CONFIG_BYTES", "load_config_file", "parse_config", "read_config"]
 CONFIG_SUFFIXES = (".json", ".yaml", ".yml")
 _ARCH_KEYS = (
     "img_size",
@@ -130,52 +129,6 @@ def _parse(cfg_path: Path, flat: bool) -> dict[str, Any]:
             raise WeightsError(f"{cfg_path}: patch_size must be an integer or a list of them")
         cfg["patch_size"] = ps
     return cfg
-
-
-def read_mapping(cfg_path: Path) -> Mapping[str, Any]:
-    """A config file's top-level mapping (JSON, or YAML as plain data; size-capped).
-
-    Raises:
-        WeightsError: missing, unreadable, oversized or malformed file, or not a mapping.
-    """
-    if not cfg_path.is_file():
-        raise WeightsError(f"{cfg_path}: config file not found")
-    try:
-        with cfg_path.open("rb") as f:
-            data = f.read(MAX_CONFIG_BYTES + 1)
-    except OSError as exc:
-        raise WeightsError(f"{cfg_path}: cannot read config ({exc.strerror or exc})") from exc
-    if len(data) > MAX_CONFIG_BYTES:
-        raise WeightsError(f"{cfg_path}: config over {MAX_CONFIG_BYTES >> 20} MB, refused")
-    if cfg_path.suffix.lower() == ".json":
-        loads: Any = json.loads
-    else:
-        try:
-            import yaml
-        except ImportError:
-            raise WeightsError(
-                f"{cfg_path}: reading YAML configs needs PyYAML (pip install pyyaml)"
-            ) from None
-        loads = yaml.safe_load
-    try:
-        raw = loads(data.decode("utf-8"))
-    except Exception as exc:  # decode, syntax, nesting: all one error for the user
-        detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise WeightsError(f"{cfg_path}: cannot parse config ({detail})") from exc
-    if not isinstance(raw, Mapping):
-        raise WeightsError(f"{cfg_path}: config must be a mapping, got {type(raw).__name__}")
-    return raw
-
-
-def section(raw: Mapping[str, Any], keys: tuple[str, ...], cfg_path: Path) -> Mapping[str, Any]:
-    """``raw[k0][k1]...``: a missing key gives ``{}``, anything but a mapping an error."""
-    node: Any = raw
-    for i, key in enumerate(keys):
-        node = node.get(key, {})
-        if not isinstance(node, Mapping):
-            where = ".".join(keys[: i + 1])
-            raise WeightsError(f"{cfg_path}: malformed config ({where} is not a mapping)")
-    return cast(Mapping[str, Any], node)
 
 
 def _terratorch(src: Mapping[str, Any]) -> dict[str, Any]:

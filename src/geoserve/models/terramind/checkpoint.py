@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from geoserve.errors import WeightsError
-from geoserve.models.prithvi.checkpoint import read_state_dict
+from geoserve.models.state_dict import load_strict, read_state_dict
 from geoserve.models.terramind.config import TerraMindSpec, read_spec
 from geoserve.models.terramind.encoder import TerraMindEncoder
 from geoserve.models.terramind.segmentation import TerraMindSegmentation
@@ -147,7 +147,7 @@ def _infer_head(state: Mapping[str, torch.Tensor]) -> dict[str, Any]:
 
 def find_config(path: Path) -> Path | None:
     """A TerraTorch config beside the checkpoint naming a TerraMind backbone, if any."""
-    from geoserve.models.prithvi.config import read_mapping
+    from geoserve.models.config_file import read_mapping
     from geoserve.models.terramind.config import is_terramind_config
 
     for name in ("config.yaml", "config.json"):
@@ -203,7 +203,10 @@ def load_terramind(path: str | Path, config: str | os.PathLike[str] | None = Non
         raise WeightsError(f"{source}: the architecture does not fit ({exc})") from exc
     if isinstance(model, TerraMindEncoder):
         state = {k[len("encoder.") :]: v for k, v in state.items() if k.startswith("encoder.")}
-    _load_strict(model, state, source)
+    for key, value in model.state_dict().items():  # fixed sin-cos tables: the model's own
+        if key.endswith("pos_emb") and key not in state:
+            state[key] = value
+    load_strict(model, state, source)
     return model.eval()
 
 
@@ -243,27 +246,3 @@ def _build(encoder: dict[str, Any], arch: dict[str, Any], spec: TerraMindSpec) -
         decoder_args={**arch.get("decoder_args", {}), **spec.decoder_args},
         head_args={**arch.get("head_args", {}), **spec.head_args},
     )
-
-
-def _load_strict(model: nn.Module, state: dict[str, torch.Tensor], source: str) -> None:
-    own = model.state_dict()
-    for key, value in own.items():  # fixed sin-cos tables: the model's own when absent
-        if key.endswith("pos_emb") and key not in state:
-            state[key] = value
-    missing = [k for k in own if k not in state]
-    unexpected = sorted(set(state) - set(own))
-    wrong = [k for k in own if k in state and own[k].shape != state[k].shape]
-    if missing or unexpected or wrong:
-        detail = []
-        if missing:
-            detail.append(f"missing {missing[:8]}{' ...' if len(missing) > 8 else ''}")
-        if unexpected:
-            detail.append(f"unexpected {unexpected[:8]}{' ...' if len(unexpected) > 8 else ''}")
-        if wrong:
-            k = wrong[0]
-            detail.append(
-                f"shape mismatch at {k}: checkpoint {tuple(state[k].shape)}, "
-                f"model {tuple(own[k].shape)} ({len(wrong)} keys differ)"
-            )
-        raise WeightsError(f"{source}: checkpoint does not match the model: " + "; ".join(detail))
-    model.load_state_dict(state, strict=True)

@@ -8,7 +8,7 @@ with ``decoder_channels``/``decoder_pool_scales``/``decoder_align_corners``, ``h
 alone. Other ``backbone_*``/``decoder_*``/``head_*`` keys are refused by name, except the
 training-only ones (``backbone_pretrained``, ``backbone_ckpt_path``, ``freeze_*``...).
 
-The file is untrusted: read as plain data (see :mod:`geoserve.models.prithvi.config`), every
+The file is untrusted: read as plain data (see :mod:`geoserve.models.config_file`), every
 value type-checked and bounded, errors are :class:`~geoserve.errors.WeightsError` naming it.
 """
 
@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from geoserve.errors import WeightsError
-from geoserve.models.prithvi.config import read_mapping, section
+from geoserve.models.config_file import read_mapping, section
 from geoserve.models.terramind.variants import MODALITIES, VARIANTS, modality_key
 
 _TRAINING_ONLY = ("backbone_pretrained", "backbone_ckpt_path", "backbone_drop_path", "rescale")

@@ -1,0 +1,210 @@
+"""Models registered from a TerraTorch fine-tune config and a checkpoint, without code.
+
+One function registers such a model, :func:`register_configured`; the command line
+(``predict --config-file``, ``--register NAME=CONFIG,WEIGHTS``, ``--models-dir``) and the
+server (``models_dir``) all go through it. The model's input processor comes from the config's
+data section (bands, scale, means, stds) and tiling, its output processor is a class map of the
+config's classes, and its factory builds the network and loads the checkpoint strictly
+(:mod:`geoserve.models.encoder_decoder`).
+
+A models directory holds one sub-directory per model, named after it::
+
+    models/
+      burn-scars/config.yaml  burn-scars/best.ckpt
+      floods/config.yaml      floods/floods.pt
+
+(each: ``config.yaml`` or ``config.yml``, and exactly one checkpoint: ``.ckpt``, ``.pt``,
+``.pth`` or ``.safetensors``). Paths come from the operator, who is trusted; they are checked
+to exist and errors name them. The config file itself is read as untrusted data.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from geoserve.errors import ConfigError, GeoServeError, RegistryError, prefixed
+from geoserve.models.terratorch_config import FineTune, read_fine_tune
+
+if TYPE_CHECKING:  # (listing a models directory does not import torch)
+    from geoserve.processors import GeoTiffPatcher, SegmentationReassembler
+    from geoserve.registry import ModelSpec
+
+#: What a model's name may be: it is typed on command lines and sent in requests.
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+CHECKPOINT_SUFFIXES = (".ckpt", ".pt", ".pth", ".safetensors")
+CONFIG_NAMES = ("config.yaml", "config.yml")
+#: Most models one directory may register.
+MAX_DIR_MODELS = 256
+
+_lock = threading.Lock()
+_registered: dict[str, tuple[Path, Path | None]] = {}
+
+
+@dataclass(frozen=True)
+class Configured:
+    """A model to register: its name, config file and checkpoint (None: given at run time)."""
+
+    name: str
+    config: Path
+    weights: Path | None = None
+
+
+def processors(fine_tune: FineTune) -> tuple[GeoTiffPatcher, SegmentationReassembler]:
+    """The input and output processors a fine-tune's config describes."""
+    from geoserve.processors import GeoTiffPatcher, SegmentationReassembler
+
+    data, n = fine_tune.data, fine_tune.network.in_channels
+    names = data.band_names if data.band_names and len(data.band_names) == n else None
+    patcher = GeoTiffPatcher(
+        bands=data.bands,
+        # without means the band count is still the model's (zeros change no value)
+        mean=data.means if data.means is not None else (0.0,) * n,
+        std=data.stds,
+        scale_factor=data.scale,
+        patch_size=data.patch_size,
+        stride=data.stride,
+        blend=data.blend,  # type: ignore[arg-type]
+        band_roles=names,
+    )
+    return patcher, SegmentationReassembler(classes=data.class_names)
+
+
+def register_configured(
+    name: str, config: str | Path, weights: str | Path | None = None
+) -> ModelSpec:
+    """Register the fine-tune ``config`` describes under ``name``.
+
+    ``weights``: its checkpoint; None means it is given when the model is loaded (``--weights``).
+    Registering the same name with the same files again does nothing.
+
+    Raises:
+        ConfigError: an invalid name, or a config or checkpoint that does not exist.
+        RegistryError: ``name`` is taken by another model.
+        WeightsError: the config cannot be read or describes a network geoserve does not build.
+    """
+    from geoserve.plugins import load_plugins
+    from geoserve.registry import INPUT_REGISTRY, MODEL_REGISTRY, OUTPUT_REGISTRY
+
+    if not isinstance(name, str) or not NAME.fullmatch(name):
+        raise ConfigError(
+            f"invalid model name {name!r}: use letters, digits, '.', '_' and '-' (at most 64, "
+            "starting with a letter or digit)"
+        )
+    cfg = _existing(config, "config file")
+    ckpt = _existing(weights, "checkpoint") if weights is not None else None
+    load_plugins()  # a name a plugin registers is taken now, not when the plugin loads later
+    with _lock:
+        if _registered.get(name) == (cfg, ckpt):
+            return MODEL_REGISTRY.get(name)
+        if name in MODEL_REGISTRY:
+            raise RegistryError(f"model {name!r} is already registered; choose another name")
+        fine_tune = read_fine_tune(cfg)
+        in_proc, out_proc = processors(fine_tune)
+        factory = _factory(name, fine_tune, ckpt)
+        MODEL_REGISTRY.register_model(
+            name,
+            description=f"TerraTorch fine-tune {cfg.name}: {fine_tune.network.describe()}",
+            weights_required=ckpt is None,
+            weights_hint=f"the checkpoint of the fine-tune {cfg} describes",
+            loads_weights=True,
+        )(factory)
+        INPUT_REGISTRY.register_input_processor(in_proc)(factory)
+        OUTPUT_REGISTRY.register_output_processor(out_proc)(factory)
+        _registered[name] = (cfg, ckpt)
+        return MODEL_REGISTRY.get(name)
+
+
+def unregister_configured(name: str) -> None:
+    """Remove a configured model and its processors (tests, reloads); unknown names: nothing."""
+    from geoserve.registry import INPUT_REGISTRY, MODEL_REGISTRY, OUTPUT_REGISTRY
+
+    with _lock:
+        if _registered.pop(name, None) is None:
+            return
+        spec = MODEL_REGISTRY.remove(name)
+        INPUT_REGISTRY.remove(spec.key)
+        OUTPUT_REGISTRY.remove(spec.key)
+
+
+def _factory(name: str, fine_tune: FineTune, weights: Path | None) -> Any:
+    def factory(given: str | Path | None = None) -> Any:
+        from geoserve.models.encoder_decoder import load_fine_tune
+
+        path = given if given is not None else weights
+        assert path is not None  # the engine asks for weights when none were registered
+        return load_fine_tune(path, fine_tune)
+
+    factory.__qualname__ = f"configured[{name}]"  # its processors' key: one per model
+    factory.__doc__ = f"{name}: {fine_tune.network.describe()}"
+    factory.configured_files = (fine_tune.path, weights)  # type: ignore[attr-defined]
+    return factory
+
+
+def _existing(path: str | Path, what: str) -> Path:
+    p = Path(path).expanduser()
+    if not str(path).strip() or not p.is_file():
+        raise ConfigError(f"{path}: {what} not found")
+    return p.resolve()
+
+
+def parse_registration(text: str) -> Configured:
+    """``NAME=CONFIG.yaml,WEIGHTS.ckpt`` (the weights may be left out: ``NAME=CONFIG.yaml``).
+
+    Raises:
+        ConfigError: not of that form.
+    """
+    name, sep, files = text.partition("=")
+    parts = files.split(",") if sep else []
+    if not sep or not name.strip() or not 1 <= len(parts) <= 2 or not parts[0].strip():
+        raise ConfigError(
+            f"--register {text!r}: expected NAME=CONFIG.yaml,WEIGHTS.ckpt (or NAME=CONFIG.yaml)"
+        )
+    weights = Path(parts[1].strip()) if len(parts) == 2 and parts[1].strip() else None
+    return Configured(name.strip(), Path(parts[0].strip()), weights)
+
+
+def models_in_dir(directory: str | Path) -> list[Configured]:
+    """The models of a models directory (see the module docstring), by name; nothing loaded.
+
+    Raises:
+        ConfigError: the directory does not exist, or a sub-directory lacks its config or has
+            no checkpoint, or several.
+    """
+    root = Path(directory).expanduser()
+    if not root.is_dir():
+        raise ConfigError(f"{directory}: models directory not found")
+    found = []
+    for sub in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
+        config = next((sub / n for n in CONFIG_NAMES if (sub / n).is_file()), None)
+        if config is None:
+            raise ConfigError(f"{sub}: no {' or '.join(CONFIG_NAMES)} (one model per directory)")
+        ckpts = sorted(p for p in sub.iterdir() if p.suffix in CHECKPOINT_SUFFIXES)
+        if len(ckpts) != 1:
+            names = ", ".join(p.name for p in ckpts) or "none"
+            raise ConfigError(
+                f"{sub}: needs exactly one checkpoint ({', '.join(CHECKPOINT_SUFFIXES)}), "
+                f"found {names}"
+            )
+        found.append(Configured(sub.name, config, ckpts[0]))
+        if len(found) > MAX_DIR_MODELS:
+            raise ConfigError(f"{root}: more than {MAX_DIR_MODELS} models")
+    return found
+
+
+def register_all(models: list[Configured]) -> list[str]:
+    """Register each of ``models`` (:func:`register_configured`); their names.
+
+    Raises:
+        ConfigError, RegistryError, WeightsError: as :func:`register_configured`, naming the
+            model.
+    """
+    for model in models:
+        try:
+            register_configured(model.name, model.config, model.weights)
+        except GeoServeError as exc:
+            raise prefixed(exc, f"model {model.name!r}") from exc
+    return [m.name for m in models]
