@@ -1,7 +1,8 @@
 """Decoders and heads of TerraTorch's fine-tunes, shared by every family.
 
-Prithvi, TerraMind and the timm / SMP encoder-decoders use the layers of TerraTorch's ``UperNetDecoder``, ``UNetDecoder`` (segmentation-models-pytorch 0.5's
-UNet), ``SMPDecoderWrapper`` (smp's FPN), ``LearnedInterpolateToPyramidal`` neck and
+Prithvi, TerraMind and the timm / SMP encoder-decoders use the layers of TerraTorch's
+``UperNetDecoder``, ``UNetDecoder`` (segmentation-models-pytorch 0.5's UNet),
+``SMPDecoderWrapper`` (smp's FPN), ``LearnedInterpolateToPyramidal`` neck and
 ``SegmentationHead``, with the module and parameter names of TerraTorch checkpoints
 (``decoder.psp_modules.0.1.conv``, ``decoder.decoder.blocks.0.conv1.0``, ``neck.2.fpn1.0``,
 ``head.head.2``...). Each takes the feature list shallowest first. Dropout is
