@@ -110,6 +110,7 @@ def test_smp_config_takes_in_channels_from_the_bands(tmp_path):
         ({"necks": [{"name": "LearnedInterpolateToPyramidal"}]}, "only one SelectIndices"),
         ({"peft_config": {"method": "LORA"}}, "peft_config: is not supported"),
         ({"num_classes": None}, "num_classes: is required"),
+        ({"decoder_channels": None}, "decoder_channels: must be a list of integers"),
     ],
 )
 def test_what_is_refused_is_named_with_what_is_supported(tmp_path, change, message):
@@ -177,6 +178,7 @@ def test_prithvi_configs_are_left_to_the_prithvi_loader(tmp_path):
         ),
         ({"decoder": "FPN", "head_dropout": 2}, "head_dropout: must be a number from 0 to 1"),
         ({"decoder": "FPN", "backbone_output_stride": 4}, "supported: 8, 16, 32"),
+        ({"decoder": "UNetDecoder"}, "decoder_channels: is required for UNetDecoder"),
     ],
 )
 def test_sizes_without_weights_are_bounded_too(tmp_path, decoder_args, message):

@@ -67,7 +67,7 @@ def processors(fine_tune: FineTune) -> tuple[GeoTiffPatcher, SegmentationReassem
         scale_factor=data.scale,
         patch_size=data.patch_size,
         stride=data.stride,
-        blend=data.blend,  # type: ignore[arg-type]
+        blend=data.blend,
         band_roles=names,
     )
     return patcher, SegmentationReassembler(classes=data.class_names)

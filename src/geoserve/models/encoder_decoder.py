@@ -90,29 +90,29 @@ class EncoderDecoderSegmentation(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """(B, C, H, W) -> logits (B, classes, H, W)."""
         h, w = x.shape[-2:]
-        top = left = 0
         if self.patch_size:
             p = 2 * self.patch_size
             pad_h, pad_w = (-h) % p, (-w) % p
-            top, left = pad_h // 2, pad_w // 2
             if pad_h or pad_w:
-                x = F.pad(x, (left, pad_w - left, top, pad_h - top), mode="reflect")
+                pads = (pad_w // 2, pad_w - pad_w // 2, pad_h // 2, pad_h - pad_h // 2)
+                x = F.pad(x, pads, mode="reflect")
         features = list(self.encoder(x))
         if self.select_indices is not None:
             features = [features[i] for i in self.select_indices]
         mask = self.head(self.decoder([f.clone() for f in features]))
         if self.rescale and mask.shape[-2:] != x.shape[-2:]:
             mask = F.interpolate(mask, size=x.shape[-2:], mode="bilinear")
-        hh, ww = mask.shape[-2:]
-        top, left = max((hh - h) // 2, 0), max((ww - w) // 2, 0)
-        return mask[..., top : top + h, left : left + w]
+        top, left = max((mask.shape[-2] - h) // 2, 0), max((mask.shape[-1] - w) // 2, 0)
+        return mask[..., top : top + h, left : left + w]  # TerraTorch's centre crop
 
 
 def _patch_size(encoder: nn.Module) -> int | None:
-    """The first ``patch_size`` among the encoder's modules, as TerraTorch looks for one."""
+    """The ``patch_size`` of the first of the encoder's modules with one, as TerraTorch's."""
     for module in encoder.modules():
-        size = getattr(module, "patch_size", None)
-        if size is not None:
+        if hasattr(module, "patch_size"):
+            size: Any = module.patch_size
+            if size is None:
+                return None
             return int(size if isinstance(size, int) else size[-1])
     return None
 

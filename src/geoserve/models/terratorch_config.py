@@ -246,6 +246,8 @@ def _encoder_decoder(args: Mapping[str, Any], v: Values) -> NetworkSpec:
     backbone_kwargs.pop("pretrained", None)  # the checkpoint holds the weights
     decoder_kwargs = v.only(parts["decoder_"], checks[decoder], "decoder_", decoder)
     head_kwargs = v.only(parts["head_"], checks["head"], "head_", "the segmentation head")
+    if decoder == "UNetDecoder" and "channels" not in decoder_kwargs:
+        raise v.error("decoder_channels", "is required for UNetDecoder (one per encoder feature)")
     if args.get("num_classes") is None:
         raise v.error("num_classes", "is required for segmentation")
     return NetworkSpec(

@@ -24,6 +24,7 @@ from typing import Any
 
 from geoserve.models.config_file import section
 from geoserve.models.config_values import Values
+from geoserve.raster.grid import BlendMode
 
 #: Tiling when the config gives none (TerraTorch would run the whole image).
 DEFAULT_PATCH_SIZE = 512
@@ -58,7 +59,7 @@ class DataSpec:
     scale: float
     patch_size: int
     stride: int
-    blend: str
+    blend: BlendMode
     class_names: tuple[str, ...]
 
 
@@ -151,7 +152,7 @@ def _names(bands: list[int | str]) -> tuple[str, ...] | None:
     return tuple(str(b) for b in bands) if all(isinstance(b, str) for b in bands) else None
 
 
-def _tiling(params: Any, path: Path) -> tuple[int, int, str]:
+def _tiling(params: Any, path: Path) -> tuple[int, int, BlendMode]:
     """(patch size, stride, blend) from ``tiled_inference_parameters``."""
     if params is None:
         return DEFAULT_PATCH_SIZE, DEFAULT_STRIDE, "center"
@@ -174,7 +175,7 @@ def _tiling(params: Any, path: Path) -> tuple[int, int, str]:
         raise v.error("stride", f"{stride} is larger than the crop ({patch})")
     average = v.boolean(params.get("average_patches", True), "average_patches")
     blend_overlaps = v.boolean(params.get("blend_overlaps", True), "blend_overlaps")
-    blend = ("cosine" if blend_overlaps else "mean") if average else "center"
+    blend: BlendMode = ("cosine" if blend_overlaps else "mean") if average else "center"
     return patch, stride, blend
 
 
