@@ -4,8 +4,9 @@ One function registers such a model, :func:`register_configured`; the command li
 (``predict --config-file``, ``--register NAME=CONFIG,WEIGHTS``, ``--models-dir``) and the
 server (``models_dir``) all go through it. The model's input processor comes from the config's
 data section (bands, scale, means, stds) and tiling, its output processor is a class map of the
-config's classes, and its factory builds the network and loads the checkpoint strictly
-(:mod:`geoserve.models.encoder_decoder`).
+config's classes, and its factory builds the network and loads the checkpoint strictly: a
+timm / SMP encoder-decoder (:mod:`geoserve.models.encoder_decoder`), or TerraMind when the
+config's backbone is ``terramind_*`` (:mod:`geoserve.models.terramind.configured`).
 
 A models directory holds one sub-directory per model, named after it::
 
@@ -27,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from geoserve.errors import ConfigError, GeoServeError, RegistryError, prefixed
+from geoserve.models.config_file import read_mapping
 from geoserve.models.terratorch_config import FineTune, read_fine_tune
 
 if TYPE_CHECKING:  # (listing a models directory does not import torch)
@@ -102,12 +104,19 @@ def register_configured(
             return MODEL_REGISTRY.get(name)
         if name in MODEL_REGISTRY:
             raise RegistryError(f"model {name!r} is already registered; choose another name")
-        fine_tune = read_fine_tune(cfg)
-        in_proc, out_proc = processors(fine_tune)
-        factory = _factory(name, fine_tune, ckpt)
+        if _is_terramind(cfg):
+            from geoserve.models.terramind.configured import terramind_processors
+
+            in_proc, out_proc, describe = terramind_processors(cfg)
+            factory = _terramind_factory(name, cfg, ckpt, describe)
+        else:
+            fine_tune = read_fine_tune(cfg)
+            in_proc, out_proc = processors(fine_tune)
+            factory = _factory(name, fine_tune, ckpt)
+            describe = fine_tune.network.describe()
         MODEL_REGISTRY.register_model(
             name,
-            description=f"TerraTorch fine-tune {cfg.name}: {fine_tune.network.describe()}",
+            description=f"TerraTorch fine-tune {cfg.name}: {describe}",
             weights_required=ckpt is None,
             weights_hint=f"the checkpoint of the fine-tune {cfg} describes",
             loads_weights=True,
@@ -141,6 +150,26 @@ def _factory(name: str, fine_tune: FineTune, weights: Path | None) -> Any:
     factory.__qualname__ = f"configured[{name}]"  # its processors' key: one per model
     factory.__doc__ = f"{name}: {fine_tune.network.describe()}"
     factory.configured_files = (fine_tune.path, weights)  # type: ignore[attr-defined]
+    return factory
+
+
+def _is_terramind(config: Path) -> bool:
+    from geoserve.models.terramind.config import is_terramind_config
+
+    return is_terramind_config(read_mapping(config))
+
+
+def _terramind_factory(name: str, config: Path, weights: Path | None, describe: str) -> Any:
+    def factory(given: str | Path | None = None) -> Any:
+        from geoserve.models.terramind import load_terramind
+
+        path = given if given is not None else weights
+        assert path is not None  # the engine asks for weights when none were registered
+        return load_terramind(path, config)
+
+    factory.__qualname__ = f"configured[{name}]"
+    factory.__doc__ = f"{name}: {describe}"
+    factory.configured_files = (config, weights)  # type: ignore[attr-defined]
     return factory
 
 

@@ -169,7 +169,8 @@ def read_fine_tune(path: str | Path) -> FineTune:
 def is_encoder_decoder_config(path: str | Path) -> bool:
     """Whether a config file describes a network this module reads (not a Prithvi one).
 
-    ``SMPModelFactory`` always; ``EncoderDecoderFactory`` unless its backbone is a Prithvi one.
+    ``SMPModelFactory`` always; ``EncoderDecoderFactory`` unless its backbone is a Prithvi or
+    TerraMind one.
     An unreadable file is not one (the caller's own reader reports it).
     """
     try:
@@ -185,7 +186,7 @@ def is_encoder_decoder_config(path: str | Path) -> bool:
     return (
         factory == "EncoderDecoderFactory"
         and isinstance(backbone, str)
-        and not backbone.lower().startswith("prithvi")
+        and not backbone.lower().startswith(("prithvi", "terramind"))
     )
 
 

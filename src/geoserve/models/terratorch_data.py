@@ -98,7 +98,7 @@ def read_data(
         raise v.error("stds", "must all be positive")
     scale = v.number(data.get("constant_scale", 1.0), "constant_scale", 1e-12, 1e12)
     init = section(raw, ("model", "init_args"), path)
-    patch, stride, blend = _tiling(init.get("tiled_inference_parameters"), path)
+    patch, stride, blend = tiling(init.get("tiled_inference_parameters"), path)
     return DataSpec(
         bands=bands,
         band_names=names,
@@ -108,7 +108,7 @@ def read_data(
         patch_size=patch,
         stride=stride,
         blend=blend,
-        class_names=_class_names(class_names, num_classes, path),
+        class_names=read_class_names(class_names, num_classes, path),
     )
 
 
@@ -152,18 +152,24 @@ def _names(bands: list[int | str]) -> tuple[str, ...] | None:
     return tuple(str(b) for b in bands) if all(isinstance(b, str) for b in bands) else None
 
 
-def _tiling(params: Any, path: Path) -> tuple[int, int, BlendMode]:
-    """(patch size, stride, blend) from ``tiled_inference_parameters``."""
+def tiling(
+    params: Any, path: Path, default: tuple[int, int] = (DEFAULT_PATCH_SIZE, DEFAULT_STRIDE)
+) -> tuple[int, int, BlendMode]:
+    """(patch size, stride, blend) from ``tiled_inference_parameters``; ``default`` without.
+
+    Raises:
+        WeightsError: a value of the wrong type or range, or non-square crops.
+    """
     if params is None:
-        return DEFAULT_PATCH_SIZE, DEFAULT_STRIDE, "center"
+        return default[0], default[1], "center"
     v = Values(path, "model.init_args.tiled_inference_parameters")
     if not isinstance(params, Mapping):
         raise v.error("", "must be a mapping")
     sizes = {}
     for axis in ("h", "w"):
-        for what, default in (("crop", TILED_CROP), ("stride", TILED_STRIDE)):
+        for what, fallback in (("crop", TILED_CROP), ("stride", TILED_STRIDE)):
             key = f"{axis}_{what}" if params.get(f"{axis}_{what}") is not None else what
-            sizes[axis, what] = v.integer(params.get(key, default), key, 1, MAX_PATCH_SIZE)
+            sizes[axis, what] = v.integer(params.get(key, fallback), key, 1, MAX_PATCH_SIZE)
     patch, stride = sizes["h", "crop"], sizes["h", "stride"]
     if (patch, stride) != (sizes["w", "crop"], sizes["w", "stride"]):
         raise v.error(
@@ -179,7 +185,8 @@ def _tiling(params: Any, path: Path) -> tuple[int, int, BlendMode]:
     return patch, stride, blend
 
 
-def _class_names(names: Any, num_classes: int, path: Path) -> tuple[str, ...]:
+def read_class_names(names: Any, num_classes: int, path: Path) -> tuple[str, ...]:
+    """``class_names`` checked against ``num_classes``; ``class N`` without them."""
     if names is None:
         return tuple(f"class {i}" for i in range(num_classes))
     v = Values(path, "model.init_args")
