@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
 from torch import nn
 
 from bench.harness import cli, machine, machine_line, publish, throughput, timed, write_section
@@ -42,6 +43,8 @@ class Family:
     served_by: str
     save: Callable[[nn.Module, Path], Path]
     engine_options: dict[str, Any]
+    #: Registers the model from files in a directory (configured models); the weights go with it.
+    register: Callable[[nn.Module, Path], None] | None = None
 
 
 def _prithvi() -> nn.Module:
@@ -69,6 +72,44 @@ def _terramind() -> nn.Module:
     )
 
 
+#: A TerraTorch fine-tune config of the timm / SMP family: ResNet-18 + UNet over the 13 bands.
+RESNET_CONFIG: dict[str, Any] = {
+    "model": {
+        "class_path": "terratorch.tasks.SemanticSegmentationTask",
+        "init_args": {
+            "model_factory": "EncoderDecoderFactory",
+            "model_args": {
+                "backbone": "timm_resnet18",
+                "backbone_in_chans": 13,
+                "decoder": "UNetDecoder",
+                "decoder_channels": [256, 128, 64, 32, 16],
+                "num_classes": 2,
+            },
+            "tiled_inference_parameters": {"crop": 224, "stride": 192, "average_patches": False},
+        },
+    },
+    "data": {"init_args": {"constant_scale": 1.0e-4}},
+}
+
+
+def _resnet() -> nn.Module:
+    from geoserve.models.encoder_decoder import build_network
+    from geoserve.models.terratorch_config import read_fine_tune
+
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = Path(tmp) / "config.yaml"
+        cfg.write_text(yaml.safe_dump(RESNET_CONFIG))
+        return build_network(read_fine_tune(cfg).network)
+
+
+def _register_resnet(model: nn.Module, root: Path) -> None:
+    from geoserve.models.configured import register_configured
+
+    cfg = root / "config.yaml"
+    cfg.write_text(yaml.safe_dump(RESNET_CONFIG))
+    register_configured("bench-resnet18-unet", cfg, _lightning(model, root / "best.ckpt"))
+
+
 def _lightning(model: nn.Module, path: Path) -> Path:
     torch.save({"state_dict": {f"model.{k}": v for k, v in model.state_dict().items()}}, path)
     return path
@@ -93,6 +134,16 @@ FAMILIES = [
         _lightning,
         {},
     ),
+    Family(
+        "timm / SMP encoder-decoder",
+        "timm resnet18 + UNetDecoder (13 bands)",
+        _resnet,
+        lambda b: (torch.randn(b, 13, 224, 224),),
+        "bench-resnet18-unet",
+        _lightning,
+        {},
+        _register_resnet,
+    ),
 ]
 
 
@@ -108,7 +159,11 @@ def forward_rates(fam: Family, model: nn.Module) -> dict[int, float]:
 
 def end_to_end(fam: Family, model: nn.Module) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
-        weights = fam.save(model, Path(tmp) / "weights.ckpt")
+        weights: Path | None = None
+        if fam.register is not None:
+            fam.register(model, Path(tmp))
+        else:
+            weights = fam.save(model, Path(tmp) / "weights.ckpt")
         engine = Engine(
             fam.served_by, weights=weights, max_batch_patches=E2E_BATCH, **fam.engine_options
         )
