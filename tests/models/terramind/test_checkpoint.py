@@ -229,3 +229,16 @@ def test_config_sizes_cost_no_memory_before_the_weights_fit(
     with pytest.raises(WeightsError, match=r"shape mismatch at decoder\.decoder\.blocks\.0"):
         load_checkpoint(weights, config=cfg)
     assert built == [True]  # only the empty model was built
+
+
+@pytest.mark.parametrize("name", ["config.yaml", "config.json"])
+def test_a_prithvi_config_beside_a_terramind_checkpoint(tmp_path: Path, name: str) -> None:
+    """The checkpoint's keys decide when the config beside it is not a TerraTorch one."""
+    model = tiny_finetune({"S2L1C": 6})
+    weights = save_lightning(model, tmp_path / "tm.ckpt")
+    (tmp_path / name).write_text('{"pretrained_cfg": {"embed_dim": 64, "num_heads": 4}}')
+    loaded = load_checkpoint(weights)
+    assert isinstance(loaded, TerraMindSegmentation)
+    x = torch.randn(1, 6, 64, 64)
+    with torch.no_grad():
+        assert torch.equal(loaded(x), model(x))
