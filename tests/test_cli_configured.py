@@ -19,6 +19,7 @@ import yaml
 from rasterio.io import MemoryFile
 
 from geoserve.cli import build_parser, main
+from geoserve.cli.configured import chosen_model
 from geoserve.cli.serve import server_settings
 from geoserve.errors import ConfigError
 from geoserve.models.configured import models_in_dir, unregister_configured
@@ -186,3 +187,10 @@ def test_serve_models_dir_registers_and_serves(fine_tune):
     assert resp.status_code == 200, resp.text
     with MemoryFile(resp.content) as mem, mem.open() as ds:
         np.testing.assert_array_equal(ds.read(1), expected_classes(reference, scene))
+
+
+def test_one_model_registered_twice_is_the_one_model():
+    """--register NAME=... beside a models dir holding NAME (same files): no choice to make."""
+    assert chosen_model(None, ["tm1", "tm1"], "default") == "tm1"
+    with pytest.raises(ConfigError, match=r"2 models registered \(a, b\)"):
+        chosen_model(None, ["a", "b", "a"], "default")

@@ -186,3 +186,34 @@ def test_sizes_without_weights_are_bounded_too(tmp_path, decoder_args, message):
     with pytest.raises(WeightsError) as info:
         read_fine_tune(write(tmp_path, args))
     assert message in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        pytest.param("model: &m {init_args: *m}\n", "nested over 64 levels", id="self-alias"),
+        pytest.param(
+            "a: &a [" + ",".join(["0"] * 1000) + "]\n"
+            "b: &b [" + ",".join(["*a"] * 1000) + "]\n"
+            "c: [" + ",".join(["*b"] * 1000) + "]\n",  # a billion values from 8 KB
+            r"over 1,048,576 values \(YAML aliases expanded\)",
+            id="alias-bomb",
+        ),
+    ],
+)
+def test_yaml_aliases_cannot_make_a_config_huge(tmp_path, text, message):
+    path = tmp_path / "config.yaml"
+    path.write_text(text)
+    with pytest.raises(WeightsError, match=message):
+        read_fine_tune(path)
+    assert not is_encoder_decoder_config(path)
+
+
+@pytest.mark.parametrize("key", [1, None, 2.5])
+def test_argument_keys_must_be_names(tmp_path, key):
+    path = tmp_path / "config.yaml"
+    raw = yaml.safe_load(write(tmp_path, ED_ARGS).read_text())
+    raw["model"]["init_args"]["model_args"][key] = 3
+    path.write_text(yaml.safe_dump(raw))
+    with pytest.raises(WeightsError, match=rf"model_args: key '{key}' is not a name"):
+        read_fine_tune(path)

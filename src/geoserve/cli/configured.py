@@ -99,6 +99,7 @@ def chosen_model(given: str | None, registered: list[str], default: str) -> str:
     """
     if given:
         return given
+    registered = list(dict.fromkeys(registered))  # one model named twice is one model
     if len(registered) > 1:
         raise ConfigError(
             f"{len(registered)} models registered ({', '.join(registered)}); choose one with "

@@ -3,7 +3,9 @@
 Shared by the Prithvi loader and the TerraTorch fine-tune reader: YAML is read with
 ``yaml.safe_load`` (plain data, never Python objects), files over :data:`MAX_CONFIG_BYTES` are
 refused unread, and unreadable or malformed content is a :class:`~geoserve.errors.WeightsError`
-naming the file.
+naming the file. YAML anchors and aliases make a small file a large (or endless) structure; its
+size counted with every alias expanded is bounded (:data:`MAX_CONFIG_NODES`, nested at most
+:data:`MAX_CONFIG_DEPTH` deep), so reading it later costs no more than a plain file would.
 """
 
 from __future__ import annotations
@@ -17,6 +19,9 @@ from geoserve.errors import WeightsError
 
 #: Larger config files are refused (published ones are a few kilobytes).
 MAX_CONFIG_BYTES = 1 << 20
+#: Most values a config may hold, counted with YAML aliases expanded, and deepest nesting.
+MAX_CONFIG_NODES = 1 << 20  # more than a file of MAX_CONFIG_BYTES holds without aliases
+MAX_CONFIG_DEPTH = 64
 
 
 def read_mapping(cfg_path: Path) -> Mapping[str, Any]:
@@ -51,14 +56,46 @@ def read_mapping(cfg_path: Path) -> Mapping[str, Any]:
         raise WeightsError(f"{cfg_path}: cannot parse config ({detail})") from exc
     if not isinstance(raw, Mapping):
         raise WeightsError(f"{cfg_path}: config must be a mapping, got {type(raw).__name__}")
+    _check_size(raw, cfg_path)
     return raw
+
+
+def _check_size(raw: Any, cfg_path: Path) -> None:
+    """Refuse a structure too large or deep to walk.
+
+    Over :data:`MAX_CONFIG_NODES` values (aliases expanded), or nested deeper than
+    :data:`MAX_CONFIG_DEPTH` (which a self-referring alias is).
+    """
+    count = 0
+    stack: list[tuple[Any, int]] = [(raw, 0)]
+    while stack:
+        node, depth = stack.pop()
+        count += 1
+        if count > MAX_CONFIG_NODES:
+            raise WeightsError(
+                f"{cfg_path}: config holds over {MAX_CONFIG_NODES:,} values (YAML aliases "
+                "expanded), refused"
+            )
+        if depth > MAX_CONFIG_DEPTH:
+            raise WeightsError(
+                f"{cfg_path}: config nested over {MAX_CONFIG_DEPTH} levels deep (or an alias "
+                "refers to itself), refused"
+            )
+        if isinstance(node, Mapping):
+            stack.extend((child, depth + 1) for item in node.items() for child in item)
+        elif isinstance(node, list | tuple):
+            stack.extend((child, depth + 1) for child in node)
 
 
 def section(raw: Mapping[str, Any], keys: tuple[str, ...], cfg_path: Path) -> Mapping[str, Any]:
     """``raw[k0][k1]...``: a missing key gives ``{}``, anything but a mapping an error.
 
+    The section's keys are argument names (TerraTorch passes them as keyword arguments), so
+    each must be a string.
+
     Raises:
-        WeightsError: a level on the way is not a mapping, naming it and the file.
+        WeightsError: a level on the way is not a mapping, or the section has a key that is
+            not a string, naming it and the file.
     """
     node: Any = raw
     for i, key in enumerate(keys):
@@ -66,4 +103,10 @@ def section(raw: Mapping[str, Any], keys: tuple[str, ...], cfg_path: Path) -> Ma
         if not isinstance(node, Mapping):
             where = ".".join(keys[: i + 1])
             raise WeightsError(f"{cfg_path}: malformed config ({where} is not a mapping)")
+    odd = [k for k in node if not isinstance(k, str)]
+    if odd:
+        raise WeightsError(
+            f"{cfg_path}: {'.'.join(keys)}: key {str(odd[0])[:40]!r} is not a name (these keys "
+            "are argument names; quote it if it is one)"
+        )
     return cast(Mapping[str, Any], node)

@@ -57,13 +57,22 @@ def _load_encoder_decoder(checkpoint: Path, variant: str | None, config: ConfigA
 
 
 def _is_terramind(checkpoint: Path, config_file: Path | None) -> bool:
+    """A TerraMind config; else, unless the config is an encoder-decoder's, TerraMind's keys.
+
+    (A Prithvi ``config.yaml`` beside a TerraMind checkpoint does not make it Prithvi's, as a
+    ``config.json`` beside it never did.)
+    """
     from geoserve.models.config_file import read_mapping
     from geoserve.models.state_dict import checkpoint_keys
     from geoserve.models.terramind.checkpoint import is_terramind_state
     from geoserve.models.terramind.config import is_terramind_config
+    from geoserve.models.terratorch_config import is_encoder_decoder_config
 
     if config_file is not None:
-        return is_terramind_config(read_mapping(config_file))
+        if is_terramind_config(read_mapping(config_file)):
+            return True
+        if is_encoder_decoder_config(config_file):
+            return False
     return is_terramind_state(checkpoint_keys(checkpoint))
 
 

@@ -9,6 +9,7 @@ first shape mismatch.
 
 from __future__ import annotations
 
+import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -50,7 +51,8 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
 def checkpoint_keys(path: str | Path) -> list[str]:
     """The tensor names in a checkpoint, read without loading its tensors where possible.
 
-    A safetensors file's header, or ``torch.load`` memory-mapped.
+    A safetensors file's header, or ``torch.load`` memory-mapped (read whole for a file in
+    torch's legacy, non-zip format, which cannot be memory-mapped).
 
     Raises:
         WeightsError: the file is missing or unreadable.
@@ -64,7 +66,7 @@ def checkpoint_keys(path: str | Path) -> list[str]:
 
             with safe_open(str(path), "pt") as f:
                 return list(f.keys())
-        raw = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        raw = torch.load(path, map_location="cpu", weights_only=True, mmap=zipfile.is_zipfile(path))
     except Exception as exc:
         raise WeightsError(f"{path}: cannot read checkpoint ({type(exc).__name__}: {exc})") from exc
     if isinstance(raw, Mapping) and isinstance(raw.get("state_dict"), Mapping):
@@ -90,6 +92,23 @@ def load_strict(
             shape mismatch.
     """
     own = model.state_dict()
+    check_matches(own, state, path)
+    if assign:
+        state = {k: v.to(own[k].dtype) for k, v in state.items()}
+    model.load_state_dict(state, strict=True, assign=assign)
+
+
+def check_matches(
+    own: Mapping[str, torch.Tensor], state: Mapping[str, torch.Tensor], path: str | Path
+) -> None:
+    """Raise :func:`load_strict`'s error if ``state`` does not fit the state dict ``own``.
+
+    Only names and shapes are compared, so ``own`` may be a model's on the meta device (built
+    to check a checkpoint before any memory is spent on it).
+
+    Raises:
+        WeightsError: keys are missing or unexpected, or shapes differ (see :func:`load_strict`).
+    """
     missing = [k for k in own if k not in state]
     unexpected = sorted(set(state) - set(own))
     wrong = [k for k in own if k in state and own[k].shape != state[k].shape]
@@ -106,9 +125,6 @@ def load_strict(
                 f"model {tuple(own[k].shape)} ({len(wrong)} keys differ)"
             )
         raise WeightsError(f"{path}: checkpoint does not match the model: " + "; ".join(detail))
-    if assign:
-        state = {k: v.to(own[k].dtype) for k, v in state.items()}
-    model.load_state_dict(state, strict=True, assign=assign)
 
 
 def _some(keys: list[str]) -> str:

@@ -76,6 +76,17 @@ def test_lightning_checkpoint_round_trip(tmp_path):
         assert torch.equal(loaded(x), model(x))
 
 
+def test_legacy_non_zip_checkpoint_loads(tmp_path):
+    """torch's pre-1.6 format cannot be memory-mapped; finding its family still reads it."""
+    model = small_segmentation()
+    path = tmp_path / "legacy.pt"
+    torch.save(model.state_dict(), path, _use_new_zipfile_serialization=False)
+    loaded = load_checkpoint(path, config={"num_heads": 4, "feature_indices": (0, 1, 2, 3)})
+    x = torch.randn(1, 6, 64, 64)
+    with torch.inference_mode():
+        assert torch.equal(loaded(x), model(x))
+
+
 def test_config_json_beside_the_checkpoint_is_used(tmp_path):
     model = small_segmentation()
     save_lightning(model, tmp_path / "w.ckpt")

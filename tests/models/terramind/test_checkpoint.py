@@ -11,7 +11,9 @@ import yaml
 from geoserve.errors import WeightsError
 from geoserve.models import load_checkpoint
 from geoserve.models.terramind import TerraMindEncoder, TerraMindSegmentation
+from geoserve.models.terramind import checkpoint as tm_checkpoint
 from geoserve.models.terramind.variants import VARIANTS
+from tests.models.terramind.test_plugin import NECKS, save_lightning, tiny_finetune
 
 TINY = VARIANTS["terramind_v1_tiny"]
 
@@ -26,6 +28,10 @@ def _encoder(mods: dict[str, int], seed: int = 0) -> TerraMindEncoder:
 
 
 def _write_config(path: Path, **model_args: object) -> Path:
+    return _write_args(path, model_args)
+
+
+def _write_args(path: Path, model_args: dict) -> Path:
     cfg = {"model": {"init_args": {"model_factory": "EncoderDecoderFactory"}}}
     cfg["model"]["init_args"]["model_args"] = model_args  # type: ignore[index]
     path.write_text(yaml.safe_dump(cfg))
@@ -145,11 +151,42 @@ def test_mismatches_name_the_keys_and_the_file(tmp_path: Path) -> None:
         ({"backbone": "terramind_v1_tiny", "decoder": "ASPPHead"}, "decoder must be"),
         ({"backbone": "terramind_v1_tiny", "backbone_dim": 64}, "does not take backbone_dim"),
         ({"backbone": "terramind_v1_tiny", "num_classes": 10**9}, "num_classes must be"),
+        (
+            {"backbone": "terramind_v1_tiny", "backbone_modalities": ["S2L2A"]}
+            | {"backbone_bands": {"s2l2a": ["BLUE", "GREEN"]}},
+            "backbone_bands names 's2l2a', which is not one of backbone_modalities",
+        ),
+        ({"backbone": "terramind_v1_tiny", 7: 1}, "model_args: key '7' is not a name"),
+        (
+            {"backbone": "terramind_v1_tiny", "num_classes": 2, "decoder": "UperNetDecoder"}
+            | {"necks": [{"name": "SelectIndices", "indices": [2, 5, 8, 99]}]},
+            "does not fit .list index out of range",
+        ),
+        (
+            {"backbone": "terramind_v1_tiny", "num_classes": 2, "decoder": "UperNetDecoder"}
+            | {"necks": [*NECKS[:2], {"name": "InterpolateToPyramidal", "scale_factor": 100}]},
+            r"InterpolateToPyramidal: 100 over 4 levels .* at most 64",
+        ),
+        (
+            {"backbone": "terramind_v1_tiny", "num_classes": 2, "decoder": "UperNetDecoder"}
+            | {"necks": [*NECKS[1:2], {"name": "InterpolateToPyramidal"}]},  # 12 layers: 2**12
+            r"InterpolateToPyramidal: 2 over 12 levels",
+        ),
+        (
+            {"backbone": "terramind_v1_tiny", "num_classes": 2, "decoder": "UperNetDecoder"}
+            | {"necks": [*NECKS[:2], {"name": "InterpolateToPyramidal", "mode": "linear"}]},
+            r"InterpolateToPyramidal: mode 'linear' is not one of",
+        ),
+        (
+            {"backbone": "terramind_v1_tiny", "num_classes": 2, "decoder": "UperNetDecoder"}
+            | {"necks": [*NECKS[:2], {"name": "MaxpoolToPyramidal", "kernel_size": 2.5}]},
+            r"MaxpoolToPyramidal: the scale must be a positive integer",
+        ),
     ],
 )
 def test_bad_configs_are_refused_naming_the_field(tmp_path: Path, args: dict, message: str) -> None:
     torch.save(_encoder({"S2L2A": 12}).state_dict(), tmp_path / "w.pt")
-    cfg = _write_config(tmp_path / "cfg.yaml", **args)
+    cfg = _write_args(tmp_path / "cfg.yaml", args)
     with pytest.raises(WeightsError, match=message):
         load_checkpoint(tmp_path / "w.pt", config=cfg)
 
@@ -161,3 +198,47 @@ def test_config_modality_missing_from_the_weights(tmp_path: Path) -> None:
     )
     with pytest.raises(WeightsError, match=r"no patch embedding for modalities \['S2L1C'\]"):
         load_checkpoint(tmp_path / "w.pt", config=cfg)
+
+
+def test_config_sizes_cost_no_memory_before_the_weights_fit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A config's decoder sizes are checked against the weights on the meta device first.
+
+    (Built for real, 8192-channel UNet blocks took 17 GB before the shapes were compared.)
+    """
+    weights = save_lightning(tiny_finetune({"S2L1C": 6}), tmp_path / "tm.ckpt")
+    cfg = _write_config(
+        tmp_path / "cfg.yaml",
+        backbone="terramind_v1_tiny",
+        backbone_modalities=["S2L1C"],
+        necks=NECKS,
+        decoder="UNetDecoder",
+        decoder_channels=[8192, 8192, 8192, 8192],
+        num_classes=2,
+    )
+    built: list[bool] = []
+    build = tm_checkpoint._build
+
+    def spy(*args: object) -> torch.nn.Module:
+        model = build(*args)  # type: ignore[arg-type]
+        built.append(next(model.parameters()).is_meta)
+        return model
+
+    monkeypatch.setattr(tm_checkpoint, "_build", spy)
+    with pytest.raises(WeightsError, match=r"shape mismatch at decoder\.decoder\.blocks\.0"):
+        load_checkpoint(weights, config=cfg)
+    assert built == [True]  # only the empty model was built
+
+
+@pytest.mark.parametrize("name", ["config.yaml", "config.json"])
+def test_a_prithvi_config_beside_a_terramind_checkpoint(tmp_path: Path, name: str) -> None:
+    """The checkpoint's keys decide when the config beside it is not a TerraTorch one."""
+    model = tiny_finetune({"S2L1C": 6})
+    weights = save_lightning(model, tmp_path / "tm.ckpt")
+    (tmp_path / name).write_text('{"pretrained_cfg": {"embed_dim": 64, "num_heads": 4}}')
+    loaded = load_checkpoint(weights)
+    assert isinstance(loaded, TerraMindSegmentation)
+    x = torch.randn(1, 6, 64, 64)
+    with torch.no_grad():
+        assert torch.equal(loaded(x), model(x))

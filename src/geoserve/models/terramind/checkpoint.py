@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from geoserve.errors import WeightsError
-from geoserve.models.state_dict import load_strict, read_state_dict
+from geoserve.models.state_dict import check_matches, load_strict, read_state_dict
 from geoserve.models.terramind.config import TerraMindSpec, read_spec
 from geoserve.models.terramind.encoder import TerraMindEncoder
 from geoserve.models.terramind.segmentation import TerraMindSegmentation
@@ -197,12 +197,16 @@ def load_terramind(path: str | Path, config: str | os.PathLike[str] | None = Non
     if tokenized:
         raise WeightsError(f"{path}: modalities {tokenized} need TerraMind's tokenizer")
     source = f"{path} (config {cfg_path})" if cfg_path else str(path)
-    try:
-        model = _build(encoder, arch, spec)
-    except (TypeError, ValueError, KeyError) as exc:
+    try:  # first on the meta device: a config's sizes cost no memory until the weights fit
+        with torch.device("meta"):
+            probe = _build(encoder, arch, spec)
+    except (TypeError, ValueError, KeyError, IndexError) as exc:
         raise WeightsError(f"{source}: the architecture does not fit ({exc})") from exc
-    if isinstance(model, TerraMindEncoder):
+    if isinstance(probe, TerraMindEncoder):
         state = {k[len("encoder.") :]: v for k, v in state.items() if k.startswith("encoder.")}
+    tables = {k: v for k, v in probe.state_dict().items() if k.endswith("pos_emb")}
+    check_matches(probe.state_dict(), {**tables, **state}, source)
+    model = _build(encoder, arch, spec)
     for key, value in model.state_dict().items():  # fixed sin-cos tables: the model's own
         if key.endswith("pos_emb") and key not in state:
             state[key] = value

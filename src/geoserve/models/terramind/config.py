@@ -102,6 +102,7 @@ def parse_spec(args: Mapping[str, Any], path: Path | str) -> TerraMindSpec:
         ):
             raise bad("backbone_bands", "a mapping of modality to a list of band names")
         spec.bands = {str(k): list(v) for k, v in bands.items()}
+        _check_band_keys(spec, path)
     merge = args.get("backbone_merge_method")
     if merge is not None and merge not in ("mean", "max", "concat"):
         raise bad("backbone_merge_method", "mean, max or concat")
@@ -112,6 +113,19 @@ def parse_spec(args: Mapping[str, Any], path: Path | str) -> TerraMindSpec:
     spec.img_size = img
     _read_head(args, spec, bad, path)
     return spec
+
+
+def _check_band_keys(spec: TerraMindSpec, path: Path | str) -> None:
+    """``backbone_bands`` keys are modality names as ``backbone_modalities`` spells them.
+
+    (TerraTorch looks each key up by that spelling, and fails on any other.)
+    """
+    stray = [k for k in spec.bands if spec.modalities is not None and k not in spec.modalities]
+    if stray:
+        raise WeightsError(
+            f"{path}: backbone_bands names {stray[0]!r}, which is not one of "
+            f"backbone_modalities ({', '.join(spec.modalities or ())}; spelt the same)"
+        )
 
 
 def _read_head(args: Mapping[str, Any], spec: TerraMindSpec, bad: Any, path: Path | str) -> None:

@@ -32,6 +32,9 @@ NECKS = (
     "MaxpoolToPyramidal",
 )
 DECODERS = ("UperNetDecoder", "UNetDecoder")
+#: Largest factor a pyramid neck scales a map by (TerraTorch's configs: 2**4 over 4 layers).
+MAX_SCALE = 64
+_MODES = ("nearest", "nearest-exact", "bilinear", "bicubic", "area")
 
 
 class SelectIndices(nn.Module):
@@ -105,14 +108,35 @@ def build_necks(
             channels = list(pyramid.levels)
             mods.append(pyramid)
         elif name == "InterpolateToPyramidal":
-            mods.append(Resample(name, args.pop("scale_factor", 2), args.pop("mode", "nearest")))
+            factor = _factor(name, args.pop("scale_factor", 2), len(channels))
+            mode = args.pop("mode", "nearest")
+            if mode not in _MODES:
+                raise ValueError(f"{name}: mode {mode!r} is not one of {', '.join(_MODES)}")
+            mods.append(Resample(name, factor, mode))
         elif name == "MaxpoolToPyramidal":
-            mods.append(Resample(name, args.pop("kernel_size", 2)))
+            kernel = _factor(name, args.pop("kernel_size", 2), len(channels) - 1)
+            mods.append(Resample(name, kernel))
         else:
             raise ValueError(f"neck {name!r} is not supported; supported: {', '.join(NECKS)}")
         if args:
             raise ValueError(f"neck {name}: unsupported arguments {sorted(args)}")
     return nn.Sequential(*mods), channels
+
+
+def _factor(neck: str, value: Any, levels: int) -> int:
+    """A pyramid neck's step, checked: its largest power (``levels``) at most :data:`MAX_SCALE`.
+
+    Raises:
+        ValueError: not a positive integer, or one that would make the maps too large.
+    """
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{neck}: the scale must be a positive integer, not {value!r:.40}")
+    if value ** max(levels, 0) > MAX_SCALE:
+        raise ValueError(
+            f"{neck}: {value} over {levels} levels scales the maps {value}**{levels} times; "
+            f"at most {MAX_SCALE} (select fewer layers first with SelectIndices)"
+        )
+    return value
 
 
 class TerraMindSegmentation(nn.Module):
