@@ -168,6 +168,11 @@ def test_models_dir_needs_one_checkpoint_per_model(fine_tune, tmp_path):
     (tmp_path / "floods" / "config.yaml").write_text(cfg.read_text())
     with pytest.raises(ConfigError, match=r"floods: needs exactly one checkpoint .* found none"):
         models_in_dir(tmp_path)
+    (tmp_path / "floods" / "decoy.ckpt").mkdir()  # a directory is no checkpoint
+    with pytest.raises(ConfigError, match=r"floods: needs exactly one checkpoint .* found none"):
+        models_in_dir(tmp_path)
+    (tmp_path / "floods" / "BEST.CKPT").write_bytes(b"")  # suffixes in any case
+    assert [m.weights.name for m in models_in_dir(tmp_path)] == ["BEST.CKPT"]
     (tmp_path / "floods" / "config.yaml").unlink()
     with pytest.raises(ConfigError, match="floods: no config.yaml or config.yml"):
         models_in_dir(tmp_path)

@@ -211,7 +211,9 @@ def models_in_dir(directory: str | Path) -> list[Configured]:
         config = next((sub / n for n in CONFIG_NAMES if (sub / n).is_file()), None)
         if config is None:
             raise ConfigError(f"{sub}: no {' or '.join(CONFIG_NAMES)} (one model per directory)")
-        ckpts = sorted(p for p in sub.iterdir() if p.suffix in CHECKPOINT_SUFFIXES)
+        ckpts = sorted(
+            p for p in sub.iterdir() if p.is_file() and p.suffix.lower() in CHECKPOINT_SUFFIXES
+        )
         if len(ckpts) != 1:
             names = ", ".join(p.name for p in ckpts) or "none"
             raise ConfigError(

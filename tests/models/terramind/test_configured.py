@@ -95,6 +95,15 @@ def test_processors_come_from_the_data_section(files) -> None:
     assert "terramind_v1_tiny" in describe
 
 
+def test_reordered_backbone_bands_are_read_in_that_order(tmp_path: Path) -> None:
+    """Without dataset_bands the file holds the modality's bands in their usual order."""
+    order = list(reversed(MODALITIES["S2L1C"].bands))
+    cfg = write_config(tmp_path / "c.yaml", ["S2L1C"], {}, backbone_bands={"S2L1C": order})
+    patcher, _, _ = terramind_processors(cfg)
+    assert patcher.bands == tuple(range(12, -1, -1))
+    assert patcher.mean == tuple(reversed(MODALITIES["S2L1C"].mean))
+
+
 def test_one_modality_is_a_single_file_model(tmp_path: Path) -> None:
     cfg = write_config(tmp_path / "c.yaml", ["S2L1C"], {"constant_scale": 0.5})
     patcher, _, _ = terramind_processors(cfg)

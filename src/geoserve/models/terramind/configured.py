@@ -127,7 +127,7 @@ def _modality(
         if missing:
             raise v.error(f"dataset_bands.{name}", f"lacks bands the model takes: {missing[:8]}")
         bands = tuple(held.index(b) for b in taken)
-    elif len(taken) != len(info.bands):
+    elif taken != list(info.bands):  # a subset or another order of the modality's bands
         bands = tuple(info.bands.index(b) for b in taken if b in info.bands)
         if len(bands) != len(taken):
             raise v.error(
