@@ -60,8 +60,11 @@ class EngineConfig(BaseModel):
     """How overlapping patches combine (default: the model's)."""
     bands: list[int | str] | None = None
     """Input bands the model reads: 0-based indices or band descriptions (default: the model's)."""
-    output_kind: OutputKind | None = None
-    """classes, probabilities or raw model output (default: the model's own)."""
+    output_kind: list[OutputKind] | None = None
+    """What the model's output becomes: classes, probabilities, confidence, raw or polygons;
+    several (classes,confidence) from one model pass (default: the model's own)."""
+    min_area: Annotated[float, Field(ge=0)] = 0.0
+    """Polygons output: drop polygons of fewer pixels than this."""
     max_batch_patches: Annotated[int, Field(ge=1)] | Literal["auto"] = 16
     """Most patches per forward pass, from all pending requests ('auto': from free GPU memory)."""
     compile: bool = False
@@ -111,6 +114,21 @@ class EngineConfig(BaseModel):
     def _file_or_hub_reference(cls, value: Any) -> Any:
         """Text is a path, or a checked ``hf://`` reference kept as text (fetched later)."""
         return check_weights_value(value) if isinstance(value, str) else value
+
+    @field_validator("output_kind", mode="before")
+    @classmethod
+    def _kinds(cls, value: Any) -> Any:
+        """One kind, a comma-separated text, or a list; each kind once."""
+        if isinstance(value, str):
+            value = [part.strip() for part in value.split(",")]
+        if isinstance(value, list | tuple):
+            if not value:
+                raise ValueError("the list is empty")
+            repeated = sorted({str(v) for v in value if list(value).count(v) > 1})
+            if repeated:
+                raise ValueError(f"{', '.join(repeated)} asked for more than once")
+            return list(value)
+        return value
 
     @field_validator("allowed_formats")
     @classmethod

@@ -17,9 +17,12 @@ if TYPE_CHECKING:
     import torch
 
 OutFormat = Literal["path", "tensor", "b64", "bytes"]
-#: What a segmentation output processor writes: class ids, class probabilities or raw values.
-OutputKind = Literal["classes", "probabilities", "raw"]
+#: What an output processor makes of the model's output: class ids, class probabilities, raw
+#: values, the winning class's probability, or the class regions as polygons (a vector file).
+OutputKind = Literal["classes", "probabilities", "raw", "confidence", "polygons"]
 OUTPUT_KINDS: tuple[str, ...] = get_args(OutputKind)
+#: Kinds written as a vector file rather than a raster on the input's grid.
+VECTOR_KINDS: tuple[str, ...] = ("polygons",)
 OUT_FORMATS: tuple[str, ...] = get_args(OutFormat)
 
 
@@ -40,10 +43,13 @@ class StageTimings:
 
 @dataclass
 class ImageOutput:
-    """The result of one image request, in the requested form.
+    """One output of an image request (one kind of product), in the requested form.
 
     Exactly one of ``path``, ``tensor``, ``b64`` or ``data`` is set, per ``out_format``.
-    ``tensor`` is the output raster as (bands, H, W) in its output dtype.
+    ``tensor`` is the output raster as (bands, H, W) in its output dtype. For a raster,
+    ``count`` is its band count and ``dtype`` its data type; for a vector output
+    (``polygons``), ``count`` is its number of features and ``dtype`` its file format
+    (``"parquet"``, ``"geojson"``, ``"gpkg"``); ``width`` and ``height`` are the input grid's.
     """
 
     out_format: OutFormat
@@ -51,6 +57,8 @@ class ImageOutput:
     height: int
     count: int
     dtype: str
+    kind: str | None = None
+    """The output kind this is (``classes``, ``confidence``, ...)."""
     path: Path | None = None
     tensor: torch.Tensor | None = None
     b64: str | None = None
@@ -59,7 +67,11 @@ class ImageOutput:
 
 @dataclass
 class ImageRequestOutput:
-    """One request's outcome: its output, or the error that failed it alone."""
+    """One request's outcome: its output, or the error that failed it alone.
+
+    ``outputs`` is the first (or only) output kind's; ``outputs_by_kind`` holds every kind the
+    request asked for, in the order asked, by kind name (``result.outputs_by_kind["confidence"]``).
+    """
 
     request_id: str
     finished: bool = False
@@ -67,6 +79,7 @@ class ImageRequestOutput:
     error: GeoServeError | None = None
     num_patches: int = 0
     timings: StageTimings = field(default_factory=StageTimings)
+    outputs_by_kind: dict[str, ImageOutput] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import signal
 import sys
 import threading
@@ -221,12 +222,16 @@ def _predict_all(
     one = args.time_series or request is not None
     dates = [args.dates] if one else args.dates or [None] * len(items)
     on = f" on {reference_of(engine.in_proc, list(request)).label()}" if request else ""
+    kinds = [getattr(p, "kind", "raw") for p in engine.out_procs]
+    if str(args.output).endswith(("/", os.sep)):  # a directory, created if missing
+        out.mkdir(parents=True, exist_ok=True)
     if len(items) == 1:
-        # named after the first input (the first modality's): output_paths' rule
-        paths: list[Path | None] = [output_paths(items, out)[0] if out.is_dir() else out]
+        # named after the first input (the first modality's): output_paths' rule; with
+        # several kinds a path that is no directory is the stem of their files
+        paths: list[Path | None] = [output_paths(items, out, kinds)[0] if out.is_dir() else out]
     else:
         out.mkdir(parents=True, exist_ok=True)
-        paths = list(output_paths(items, out))
+        paths = list(output_paths(items, out, kinds))
     t0 = time.perf_counter()
     for item, path, when in zip(items, paths, dates, strict=False):
         if isinstance(item, list | dict) or item not in skip:
@@ -289,15 +294,25 @@ def _report(
             traceback.print_exception(result.error)
         print(f"geoserve: error: {result.error}", file=sys.stderr)
         return 1
-    o = result.outputs
-    assert o is not None
-    if not args.quiet:
+    from geoserve.schemas import VECTOR_KINDS
+
+    raster = None
+    for o in result.outputs_by_kind.values():
+        vector = o.kind in VECTOR_KINDS
+        raster = raster or (None if vector else o)
+        if args.quiet:
+            continue
+        what = f"{o.count} polygons, {o.dtype}" if vector else f"{o.count} band(s) {o.dtype}"
         print(
-            f"wrote {o.path} ({o.width}x{o.height}{on}, {o.count} band(s) {o.dtype}, "
+            f"wrote {o.path} ({o.width}x{o.height}{on}, {what}, "
             f"{result.num_patches} patches, {result.timings.total:.2f} s)",
             flush=True,
         )
-    if result.request_id in quicklooks:
+    if result.request_id in quicklooks and raster is None:
+        print("no quicklook: no raster output to draw (polygons only)", file=sys.stderr)
+    elif result.request_id in quicklooks:
+        o = raster
+        assert o is not None
         from geoserve.quicklook import model_band_roles, render_quicklook
 
         item, png = quicklooks[result.request_id]

@@ -21,7 +21,7 @@ from typing import Any
 
 from geoserve.config import EngineConfig
 from geoserve.errors import ConfigError, GeoServeError, PluginLoadError
-from geoserve.raster.sinks import output_paths
+from geoserve.raster.sinks import output_paths, product_paths
 
 
 @dataclass(frozen=True)
@@ -180,15 +180,16 @@ def run_batch(
 
     for module in imports:
         importlib.import_module(module)
-    resolve_model(model)
+    default_kind = resolve_model(model)[2].kind
     config = EngineConfig.build(config, **overrides)
+    kinds = config.output_kind or [default_kind]
     t0 = time.perf_counter()
     paths = expand_inputs(inputs)
-    outputs = [str(p) for p in output_paths(paths, out_dir)]
+    outputs = [str(p) for p in output_paths(paths, out_dir, kinds)]  # stems for several kinds
     summary = BatchSummary()
     todo = []
     for path, out in zip(paths, outputs, strict=True):
-        if Path(out).is_file():
+        if all(p.is_file() for p in product_paths(Path(out), kinds)):
             summary.results.append(SceneResult(path, out, True, skipped=True))
         else:
             todo.append({"path": path, "output": out})

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from geoserve.config import EngineConfig
 from geoserve.engine.limits import check_request, warn_if_disk_short
-from geoserve.engine.request import Request
+from geoserve.engine.request import Product, Request
 from geoserve.engine.scheduler import Scheduler
 from geoserve.engine.stac_inputs import StacPlan, stac_processor
 from geoserve.errors import (
@@ -33,11 +33,12 @@ from geoserve.errors import (
 )
 from geoserve.processors.base import InputProcessor, OutputProcessor, RasterContext
 from geoserve.raster.dates import DateLike, request_dates
-from geoserve.raster.sinks import make_sink
+from geoserve.raster.polygons import PolygonSink
+from geoserve.raster.sinks import OutputSink, make_sink, product_paths
 from geoserve.raster.source import DataFormat, RasterLike, RasterSource, open_raster
 from geoserve.raster.stac_item import is_stac_input
 from geoserve.registry import ModelSpec
-from geoserve.schemas import OUT_FORMATS, ImageRequestOutput, OutFormat
+from geoserve.schemas import OUT_FORMATS, VECTOR_KINDS, ImageRequestOutput, OutFormat
 
 if TYPE_CHECKING:
     import torch
@@ -84,6 +85,7 @@ class Admission:
     spec: ModelSpec
     in_proc: InputProcessor
     out_proc: OutputProcessor
+    out_procs: tuple[OutputProcessor, ...]
     device: torch.device
     preprocess: str
     config: EngineConfig
@@ -157,7 +159,7 @@ class Admission:
         output_path: Path | None,
         data_format: DataFormat = "auto",
         in_proc: InputProcessor | None = None,
-        out_proc: OutputProcessor | None = None,
+        out_procs: Sequence[OutputProcessor] | None = None,
         priority: int = 0,
         dates: Sequence[dt.date | None]
         | Mapping[str, Sequence[dt.date | None] | None]
@@ -166,44 +168,55 @@ class Admission:
     ) -> Request:
         """Open and check the inputs and build the request (``kind``: its type).
 
-        ``inputs`` is the dates of one place, or a mapping of modality name to its dates.
+        ``inputs`` is the dates of one place, or a mapping of modality name to its dates;
+        ``out_procs`` one output processor per output kind (default: the engine's).
         """
         proc = in_proc or self.in_proc
+        procs = list(out_procs or self.out_procs)
         opened: list[RasterSource] = []
+        sinks: list[OutputSink] = []
         try:
             proc = stac_processor(proc, inputs, data_format)
             sources, ctx = self._plan(proc, inputs, data_format, dates, opened)
-            path = None
+            kinds = [getattr(p, "kind", "raw") for p in procs]
+            paths: list[Path | None] = [None] * len(procs)
             if out_format == "path":
-                path = output_path or self.output_dir / f"{request_id}.tif"
-            grid = ctx.grid
-            cog = self.config.cog
-            sink = make_sink(out_format, path, ctx.profile, grid.height, grid.width, cog=cog)
+                named = output_path is not None
+                base = output_path or self.output_dir / f"{request_id}.tif"
+                paths = list(product_paths(base, kinds, named=named))
+            for out_proc, path in zip(procs, paths, strict=True):
+                sinks.append(self._sink(out_proc, out_format, path, ctx))
         except BaseException as exc:
+            for sink in sinks:
+                sink.abort()
             for src in opened:
                 src.close()
             if isinstance(exc, BandMismatchError):
                 raise self._with_bands_hint(exc, proc) from exc
             raise
+        more = tuple(
+            Product(k, p, s) for k, p, s in zip(kinds[1:], procs[1:], sinks[1:], strict=True)
+        )
         req = kind(
             request_id,
             sources,
             ctx,
             proc,
-            out_proc or self.out_proc,
+            procs[0],
             out_format,
             output_path,
-            sink=sink,
+            sink=sinks[0],
             reader=self._reader,
             prefetch_rows=self.config.prefetch_rows,
             cut_on=self.device if self.preprocess == "device" else None,
-            stitch_on=self._stitch_device(out_proc or self.out_proc),
+            stitch_on=self._stitch_device(procs),
             priority=priority,
+            more_outputs=more,
         )
         try:
             check_request(req, self.config.max_patches, self.max_request_bytes)
-            if path is not None:
-                warn_if_disk_short(path, req)
+            if paths[0] is not None:
+                warn_if_disk_short(paths[0], req)
         except BaseException:
             req.close()
             raise
@@ -241,15 +254,44 @@ class Admission:
             "options.bands over HTTP)"
         )
 
-    def _stitch_device(self, out_proc: OutputProcessor) -> torch.device | None:
+    def _sink(
+        self, out_proc: OutputProcessor, out_format: OutFormat, path: Path | None, ctx: Any
+    ) -> OutputSink:
+        """The sink of one output kind: a raster sink, or for ``polygons`` a vector file.
+
+        Raises:
+            ConfigError: polygons asked for as a tensor, or named with a raster suffix.
+            OutputWriteError: the output directory does not exist.
+        """
+        grid = ctx.grid
+        if getattr(out_proc, "kind", None) in VECTOR_KINDS:
+            if out_format == "tensor":
+                raise ConfigError(
+                    "polygons are a vector file: ask for them as a path, bytes or base64, "
+                    "not a tensor"
+                )
+            return PolygonSink(
+                path,
+                ctx.profile,
+                grid.height,
+                grid.width,
+                class_names=getattr(out_proc, "classes", ()),
+                min_area=self.config.min_area,
+            )
+        cog = self.config.cog
+        return make_sink(out_format, path, ctx.profile, grid.height, grid.width, cog=cog)
+
+    def _stitch_device(self, out_procs: Sequence[OutputProcessor]) -> torch.device | None:
         """Where a request's canvas lives: on the device with ``preprocess="device"``.
 
-        Not when its output processor hooks into each patch (``prepare_patch`` takes numpy).
+        Not when an output processor hooks into each patch (``prepare_patch`` takes numpy).
         """
         if self.preprocess != "device":
             return None
-        if getattr(type(out_proc), "prepare_patch", None) is not OutputProcessor.prepare_patch:
-            return None
+        for out_proc in out_procs:
+            hook = getattr(type(out_proc), "prepare_patch", None)
+            if hook is not OutputProcessor.prepare_patch:
+                return None
         return self.device
 
     def prepare_request(
@@ -261,14 +303,16 @@ class Admission:
         out_format: OutFormat = "path",
         data_format: DataFormat = "auto",
         bands: Sequence[int | str] | None = None,
-        output_kind: str | None = None,
+        output_kind: str | Sequence[str] | None = None,
         priority: int = 0,
         dates: DateLike | Sequence[DateLike] | None = None,
     ) -> Request:
         """Open and check one request's inputs (headers only, no pixels) without admitting it.
 
         Safe to call from any thread: it reads the engine's configuration and nothing else.
-        ``bands`` and ``output_kind`` override the model's defaults for this request only.
+        ``bands`` and ``output_kind`` override the model's defaults for this request only
+        (``output_kind``: one kind, or several from the same model pass, see
+        :meth:`Engine.output_processors`).
         ``dates`` gives the acquisition date of each input (ISO strings, ``date`` or
         ``datetime`` objects, one per input; ``None`` for one: from its tags or file name),
         for models that take dates; they win over the inputs' tags and file names.
@@ -290,7 +334,7 @@ class Admission:
             )
             when = request_dates(dates, len(items))
         in_proc = self.in_proc.replace(bands=tuple(bands)) if bands is not None else None
-        out_proc = self.out_proc.for_kind(output_kind) if output_kind else None
+        out_procs = self.output_processors(output_kind) if output_kind else None
         path = Path(output_path) if output_path is not None else None
         rid = request_id or uuid.uuid4().hex[:12]
         return self._new_request(
@@ -300,10 +344,29 @@ class Admission:
             path,
             data_format,
             in_proc,
-            out_proc,
+            out_procs,
             priority=priority,
             dates=when,
         )
+
+    def output_processors(self, kinds: str | Sequence[str]) -> tuple[OutputProcessor, ...]:
+        """The model's output processor for each of ``kinds`` (text: comma-separated).
+
+        Raises:
+            ConfigError: an unknown kind, a kind this model cannot produce (naming the ones it
+                can), a kind asked twice, or no kind.
+        """
+        names = [k.strip() for k in kinds.split(",")] if isinstance(kinds, str) else list(kinds)
+        if not names:
+            raise ConfigError("output_kind: give at least one kind")
+        twice = sorted({k for k in names if names.count(k) > 1})
+        if twice:
+            raise ConfigError(f"output_kind: {', '.join(twice)} asked for more than once")
+        base = self.out_procs[0] if self.out_procs else self.out_proc
+        try:
+            return tuple(base.for_kind(k) for k in names)
+        except ConfigError as exc:
+            raise ConfigError(f"model {self.spec.name!r}: {exc}") from None
 
     def admit(self, request: Request) -> None:
         """Queue a prepared request: lower ``priority`` first, then arrival order."""

@@ -126,7 +126,7 @@ class AsyncEngine:
         output_path: str | Path | None = None,
         data_format: DataFormat = "auto",
         bands: Sequence[int | str] | None = None,
-        output_kind: str | None = None,
+        output_kind: str | Sequence[str] | None = None,
         priority: int = 0,
         timeout: float | None = None,
         deadline: float | None = None,

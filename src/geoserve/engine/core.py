@@ -48,13 +48,14 @@ from geoserve.errors import (
     GeoServeError,
     NotGeoreferencedWarning,
 )
-from geoserve.processors.base import InputProcessor
+from geoserve.processors.base import InputProcessor, OutputProcessor
 from geoserve.raster.dates import DateLike, dates_per_item
 from geoserve.raster.gdal_setup import default_read_workers, limit_gdal_cache
 from geoserve.raster.sinks import output_paths
 from geoserve.raster.source import DataFormat, RasterArray, RasterLike
 from geoserve.registry import ModelSpec
 from geoserve.schemas import (
+    VECTOR_KINDS,
     ImageRequestOutput,
     OutFormat,
     TensorRequestOutput,
@@ -109,7 +110,11 @@ class Engine(Admission):
             )
         except ConfigError as exc:
             raise ConfigError(f"model {self.spec.name!r}: {exc}") from exc
-        self.out_proc = out_proc.for_kind(cfg.output_kind) if cfg.output_kind else out_proc
+        self.out_proc = out_proc
+        self.out_procs = (out_proc,)
+        if cfg.output_kind:
+            self.out_procs = self.output_processors(cfg.output_kind)
+            self.out_proc = self.out_procs[0]
         self.dtype = _resolve_dtype(cfg.dtype)
         self._output_dir = cfg.output_dir
         limit_gdal_cache()
@@ -161,11 +166,21 @@ class Engine(Admission):
     def _dummy_patch(self) -> Patch:
         """One patch of the input processor's dummy input (for warm-up)."""
         dummy = self.in_proc.dummy_request(seed=0)
-        req = self._new_request(dummy, "warmup", "tensor", None)
+        req = self._new_request(dummy, "warmup", "tensor", None, out_procs=self._tensor_procs())
         patch = req.pop_patch()
         req.close()
         assert patch is not None  # dummy inputs have no nodata
         return patch
+
+    def _tensor_procs(self) -> list[OutputProcessor]:
+        """The output processor of tensor requests (warm-up, :meth:`transform`).
+
+        One kind, a raster one: its values are not used, only its hooks.
+        """
+        proc = self.out_proc
+        if getattr(proc, "kind", None) in VECTOR_KINDS:
+            proc = proc.for_kind("classes")
+        return [proc]
 
     def close(self) -> None:
         """Drop pending requests, release their inputs and stop the reader and writer threads."""
@@ -283,6 +298,12 @@ class Engine(Admission):
         ``error`` and do not affect the others. A list item that is itself a list holds the
         dates of one place. For a list, ``output_path`` is a directory.
 
+        With several output kinds (``output_kind=["classes", "confidence"]``) each request
+        writes one file per kind: a single input's ``output_path`` is their stem
+        (``out/scene`` gives ``out/scene_classes.tif``, ``out/scene_confidence.tif``), a list's
+        directory holds ``<input stem>_<kind>.tif`` (polygons: ``.parquet``); every kind's
+        output is in the result's ``outputs_by_kind``.
+
         A dict is one request of several modalities, each on its own grid:
         ``{"s2": "s2.tif", "s1": "s1.tif"}`` (each value one input, a list of its dates, or
         a STAC Item). A multimodal model's forward gets one tensor per modality on its
@@ -326,7 +347,8 @@ class Engine(Admission):
             return [None] * len(items)
         if single:
             return [Path(output_path)]
-        return list(output_paths(items, output_path))
+        kinds = [getattr(p, "kind", "raw") for p in self.out_procs]
+        return list(output_paths(items, output_path, kinds))
 
     def transform(self, tensors: Sequence[torch.Tensor]) -> list[TensorRequestOutput]:
         """Run already-normalised tensors through the model, batched like image requests.
@@ -354,7 +376,9 @@ class Engine(Admission):
         flat = RasterArray(arr.reshape(-1, *arr.shape[-2:]), name=f"<tensor {i}>")
         kind = partial(TensorRequest, tensor_shape=tuple(arr.shape[:-2]))
         try:
-            req = self._new_request([flat], rid, "tensor", None, in_proc=proc, kind=kind)
+            req = self._new_request(
+                [flat], rid, "tensor", None, in_proc=proc, out_procs=self._tensor_procs(), kind=kind
+            )
         except GeoServeError as exc:
             self.scheduler.failed.append(TensorRequestOutput(rid, True, None, exc))
             return rid

@@ -86,11 +86,10 @@ class OutputStage:
         try:
             while req.writes:
                 req.writes.popleft().result()
-            assert req.sink is not None
             t0 = time.perf_counter()
-            output = req.sink.commit(req.out_format)
+            by_kind = req.commit()
             req.timings.write += time.perf_counter() - t0
-            return req.result(output)
+            return req.result(next(iter(by_kind.values())), by_kind=by_kind)
         except Exception as exc:  # fails this request alone, not the loop
             return req.result(error=request_error(req, exc, FINISH))
         finally:
@@ -103,10 +102,4 @@ class OutputStage:
 
 def _write_band(req: Request, band: RowBand) -> None:
     """Turn one band of blended rows into output values and write them (writer thread)."""
-    assert req.sink is not None
-    t0 = time.perf_counter()
-    raster = req.to_raster(band)
-    t1 = time.perf_counter()
-    req.sink.write(band.row, raster)
-    req.timings.stitch += t1 - t0
-    req.timings.write += time.perf_counter() - t1
+    req.write_band(band)

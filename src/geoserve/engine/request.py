@@ -60,8 +60,21 @@ class Patch:
 
 
 @dataclass
+class Product:
+    """One output kind of a request: its output processor and its sink."""
+
+    kind: str
+    proc: OutputProcessor
+    sink: OutputSink
+
+
+@dataclass
 class Request:
-    """A raster request admitted into the engine (see the module docstring)."""
+    """A raster request admitted into the engine (see the module docstring).
+
+    ``out_proc`` and ``sink`` are its first (or only) output kind's; ``more_outputs`` the
+    further kinds of a request that asked for several, each fed the same blended rows.
+    """
 
     request_id: str
     sources: Sequence[RasterSource]
@@ -88,6 +101,7 @@ class Request:
     arrival: float = field(default_factory=time.monotonic)
     stitched: int = 0
     skipped: int = 0
+    more_outputs: tuple[Product, ...] = ()
     _rows: RowPrefetcher[PatchRow] = field(init=False)
     _waited_on: Future[PatchRow] | None = field(default=None, init=False, repr=False)
 
@@ -166,8 +180,8 @@ class Request:
           of the grid covers (:meth:`RasterSource.warp_bytes`; all of a much finer input);
         - the canvas: ``min(P + S, H)`` rows of ``W`` float32 values per output channel, and
           the weights;
-        - an output held whole in memory (bytes, base64, tensor): ``H x W`` values per output
-          channel (1 byte for class maps, else 4), a third more as base64;
+        - each output kind held whole in memory (bytes, base64, tensor): ``H x W`` values per
+          output channel (1 byte for class maps, else 4), a third more as base64;
 
         with ``W' = cols x S + (P - S)`` the padded width. docs/serving.md states the formula.
         """
@@ -186,8 +200,11 @@ class Request:
         cache += sum(src.warp_bytes(bands) for src, bands in self.reads())
         whole = 0
         if self.out_format != "path":
-            size = 1 if getattr(self.out_proc, "kind", None) == "classes" else 4
-            whole = g.height * g.width * channels * size * (7 if self.out_format == "b64" else 3)
+            for product in self.products():
+                kind = getattr(product.proc, "kind", None)
+                size = 1 if kind in ("classes", "polygons") else 4
+                n = 1 if kind in ("classes", "polygons", "confidence") else channels
+                whole += g.height * g.width * n * size * (7 if self.out_format == "b64" else 3)
             whole //= 3
         return rows + cache + canvas + whole
 
@@ -258,20 +275,79 @@ class Request:
 
     # -- what its output is ----------------------------------------------------------------
 
+    def products(self) -> list[Product]:
+        """Every output kind of the request, in the order asked: processor and sink."""
+        assert self.sink is not None
+        first = Product(getattr(self.out_proc, "kind", "raw"), self.out_proc, self.sink)
+        return [first, *self.more_outputs]
+
     def row_reducer(self) -> Callable[[torch.Tensor], torch.Tensor] | None:
-        """What runs on finished rows stitched on the device before they are copied back."""
+        """What runs on finished rows stitched on the device before they are copied back.
+
+        Nothing when several kinds read the rows: each needs the blended values.
+        """
+        if self.more_outputs:
+            return None
         return getattr(self.out_proc, "reduce_rows", None)  # duck-typed processors may lack it
 
     def to_raster(self, band: RowBand) -> OutputRaster:
         """One band of finished rows as output values (on the writer thread)."""
         return self.out_proc.finalize(band.data, band.valid, self.ctx)
 
+    def write_band(self, band: RowBand) -> None:
+        """One band of finished rows into every output kind's sink (on the writer thread)."""
+        assert self.sink is not None
+        targets = [(self.to_raster, self.sink)]
+        targets += [(partial(self._finalize, p.proc), p.sink) for p in self.more_outputs]
+        for make, sink in targets:
+            t0 = time.perf_counter()
+            raster = make(band)
+            t1 = time.perf_counter()
+            sink.write(band.row, raster)
+            self.timings.stitch += t1 - t0
+            self.timings.write += time.perf_counter() - t1
+
+    def _finalize(self, proc: OutputProcessor, band: RowBand) -> OutputRaster:
+        return proc.finalize(band.data, band.valid, self.ctx)
+
+    def commit(self) -> dict[str, ImageOutput]:
+        """Finish every output kind; by kind, in order.
+
+        All or nothing: when one cannot be finished, the ones already finished are removed
+        again (the rest are dropped by :meth:`close`).
+
+        Raises:
+            OutputWriteError: naming the output that could not be finished.
+        """
+        done: dict[str, ImageOutput] = {}
+        try:
+            for product in self.products():
+                out = product.sink.commit(self.out_format)
+                out.kind = product.kind
+                done[product.kind] = out
+        except BaseException:
+            for out in done.values():
+                if out.path is not None:  # the file, and a class map's sidecar
+                    for path in (out.path, out.path.with_name(out.path.name + ".aux.xml")):
+                        with contextlib.suppress(OSError):
+                            path.unlink(missing_ok=True)
+            raise
+        return done
+
     def result(
-        self, output: ImageOutput | None = None, error: GeoServeError | None = None
+        self,
+        output: ImageOutput | None = None,
+        error: GeoServeError | None = None,
+        by_kind: dict[str, ImageOutput] | None = None,
     ) -> ImageRequestOutput | TensorRequestOutput:
-        """The request's finished outcome: its committed ``output``, or the ``error``."""
+        """The request's finished outcome: its committed ``output``, or the ``error``.
+
+        ``by_kind``: every output kind's (default: ``output``'s alone).
+        """
+        if by_kind is None:
+            by_kind = {output.kind or "": output} if output is not None else {}
         return ImageRequestOutput(
-            self.request_id, True, output, error, self.num_patches, self.timings
+            self.request_id, True, output, error, self.num_patches, self.timings, by_kind
         )
 
     def close(self) -> None:
@@ -289,6 +365,7 @@ class Request:
             steps.append(partial(_settle, fut))
         if self.sink is not None:
             steps.append(self.sink.abort)
+        steps.extend(product.sink.abort for product in self.more_outputs)
         steps.extend(src.close for src in self.sources)
         interrupted: BaseException | None = None
         for step in steps:
@@ -334,7 +411,10 @@ class TensorRequest(Request):
         return OutputRaster(band.data)
 
     def result(
-        self, output: ImageOutput | None = None, error: GeoServeError | None = None
+        self,
+        output: ImageOutput | None = None,
+        error: GeoServeError | None = None,
+        by_kind: dict[str, ImageOutput] | None = None,
     ) -> TensorRequestOutput:
         """The outcome as a :class:`TensorRequestOutput` (the output's tensor)."""
         tensor = output.tensor if output is not None else None

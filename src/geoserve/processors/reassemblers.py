@@ -1,9 +1,11 @@
-"""Built-in output processors: class maps, class probabilities, and raw values.
+"""Built-in output processors: class maps, class probabilities, confidence, and raw values.
 
 Segmentation models return per-class logits. Overlaps are blended on the logits; the class map
-is their argmax and the probabilities their softmax, so the two outputs always agree. Class maps
-are uint8 (uint16 past 254 classes) with a colour table, and a nodata value one past the last
-class code range (255 / 65535), so nodata never collides with a class.
+is their argmax, the probabilities their softmax and the confidence the largest softmax value,
+so the outputs always agree. Class maps are uint8 (uint16 past 254 classes) with a colour
+table, and a nodata value one past the last class code range (255 / 65535), so nodata never
+collides with a class. ``polygons`` takes the class map's rows too; its sink turns the finished
+map into polygons (:mod:`geoserve.raster.polygons`).
 """
 
 from __future__ import annotations
@@ -40,6 +42,12 @@ PALETTE: tuple[tuple[int, int, int], ...] = (
 )
 
 
+#: What a segmentation model's logits can become.
+SEGMENTATION_KINDS: tuple[str, ...] = ("classes", "probabilities", "confidence", "raw", "polygons")
+#: Kinds whose rows are the class map.
+CLASS_MAP_KINDS = ("classes", "polygons")
+
+
 def _check_kind(kind: str, allowed: Sequence[str], what: str) -> None:
     if kind not in OUTPUT_KINDS:
         raise ConfigError(f"invalid output kind {kind!r}; choose one of {', '.join(OUTPUT_KINDS)}")
@@ -54,8 +62,9 @@ class SegmentationReassembler(OutputProcessor):
     Args:
         classes: Class names, in the order of the model's output channels.
         colors: One RGB colour per class for the class map's colour table.
-        kind: ``classes`` (uint8 class map), ``probabilities`` (float32, one band per class) or
-            ``raw`` (blended float32 logits).
+        kind: ``classes`` (uint8 class map), ``probabilities`` (float32, one band per class),
+            ``confidence`` (float32, the winning class's probability), ``raw`` (blended
+            float32 logits) or ``polygons`` (the class map, for its polygon sink).
     """
 
     classes: tuple[str, ...] = ()
@@ -70,16 +79,21 @@ class SegmentationReassembler(OutputProcessor):
             object.__setattr__(self, "colors", tuple(tuple(c) for c in self.colors))
             if len(self.colors) != len(self.classes):
                 raise ConfigError(f"{len(self.colors)} colors for {len(self.classes)} classes")
-        _check_kind(self.kind, OUTPUT_KINDS, "segmentation")
+        _check_kind(self.kind, SEGMENTATION_KINDS, "a segmentation model")
 
     @property
     def out_channels(self) -> int:
         """One logit per class."""
         return len(self.classes)
 
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        """Every kind a segmentation model's logits can become."""
+        return SEGMENTATION_KINDS
+
     def for_kind(self, kind: str) -> SegmentationReassembler:
         """Same classes, another output kind."""
-        _check_kind(kind, OUTPUT_KINDS, "segmentation")
+        _check_kind(kind, SEGMENTATION_KINDS, "a segmentation model")
         return dataclasses.replace(self, kind=kind)  # type: ignore[arg-type]
 
     def reduce_rows(self, blended: torch.Tensor) -> torch.Tensor:
@@ -87,7 +101,7 @@ class SegmentationReassembler(OutputProcessor):
 
         Ties go to the first class, as with numpy's argmax on the host.
         """
-        if self.kind != "classes":
+        if self.kind not in CLASS_MAP_KINDS:
             return blended
         small = len(self.classes) < 255
         index = blended.argmax(dim=0, keepdim=True).to(torch.uint8 if small else torch.int32)
@@ -102,10 +116,13 @@ class SegmentationReassembler(OutputProcessor):
         valid: NDArray[np.bool_] | None,
         ctx: RasterContext,
     ) -> OutputRaster:
-        """Argmax, softmax or pass-through of the blended logits; nodata where input is."""
+        """Argmax, softmax, its maximum or the logits as they are; nodata where input is.
+
+        ``blended`` is not changed (several kinds of one request finalize the same rows).
+        """
         masked = ctx.has_nodata
         tags = {"CLASS_NAMES": ",".join(self.classes), "GEOSERVE_OUTPUT": self.kind}
-        if self.kind == "classes":
+        if self.kind in CLASS_MAP_KINDS:
             n = len(self.classes)
             dtype = np.uint8 if n < 255 else np.uint16
             nodata = int(np.iinfo(dtype).max)
@@ -117,7 +134,7 @@ class SegmentationReassembler(OutputProcessor):
                 bad = ~np.isfinite(blended).all(axis=0)
                 if bad.any():  # a model that returned NaN or inf there: no class, nodata
                     index[bad] = nodata
-            out = index.astype(dtype)[np.newaxis]
+            out = index.astype(dtype, copy=True)[np.newaxis]
             _count_nonfinite(out[0], nodata, valid)
             if valid is not None:
                 out[0, ~valid] = nodata
@@ -133,13 +150,12 @@ class SegmentationReassembler(OutputProcessor):
                 tags=tags,
                 categories=self.classes,
             )
-        values = _softmax(blended) if self.kind == "probabilities" else blended
-        names = (
-            self.classes
-            if self.kind == "probabilities"
-            else tuple(f"logit_{c}" for c in self.classes)
-        )
-        return _float_output(values, valid, masked, names, tags)
+        if self.kind == "confidence":
+            return _float_output(_confidence(blended), valid, masked, ("confidence",), tags)
+        if self.kind == "probabilities":
+            return _float_output(_softmax(blended), valid, masked, self.classes, tags)
+        names = tuple(f"logit_{c}" for c in self.classes)
+        return _float_output(blended.copy(), valid, masked, names, tags)
 
 
 @dataclass(frozen=True)
@@ -175,6 +191,11 @@ class RawReassembler(OutputProcessor):
             return self.channels
         return len(self.band_names) if self.band_names is not None else None
 
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        """Only ``raw``."""
+        return ("raw",)
+
     def for_kind(self, kind: str) -> RawReassembler:
         """Only ``raw`` is possible."""
         _check_kind(kind, ("raw",), "a raw-output model")
@@ -195,7 +216,7 @@ class RawReassembler(OutputProcessor):
         else:
             names = tuple(f"band_{i + 1}" for i in range(n))
         masked = ctx.has_nodata
-        values = blended
+        values = blended.copy()  # (never the rows themselves: other kinds may read them)
         for factors, op in ((self.multiply, np.multiply), (self.add, np.add)):
             if factors:
                 per_band = np.resize(np.asarray(factors, dtype=np.float32), n)
@@ -221,6 +242,16 @@ def _count_nonfinite(
         with _count_lock:
             NONFINITE_PIXELS[0] += n
         logger.warning("the model returned NaN or inf for %d pixel(s); written as nodata", n)
+
+
+def _confidence(x: NDArray[np.float32]) -> NDArray[np.float32]:
+    """The largest softmax value per pixel, (1, H, W): 1 / sum(exp(x - max)).
+
+    The same value as ``_softmax(x).max(axis=0)`` up to rounding; NaN where a logit is.
+    """
+    m = x.max(axis=0, keepdims=True)
+    out: NDArray[np.float32] = (1.0 / np.exp(x - m).sum(axis=0, keepdims=True)).astype(np.float32)
+    return out
 
 
 def _softmax(x: NDArray[np.float32]) -> NDArray[np.float32]:

@@ -136,12 +136,43 @@ def make_sink(
     return GeoTiffSink(path if out_format == "path" else None, profile, height, width, cog=cog)
 
 
-def output_paths(items: Sequence[Any], directory: str | os.PathLike[str]) -> list[Path]:
-    """One ``<stem>_pred.tif`` per input in ``directory`` (created), unique per stem.
+#: The file suffix of each output kind written as a vector file; every other kind is a GeoTIFF.
+KIND_SUFFIX = {"polygons": ".parquet"}
+#: Suffixes taken off an output path used as a stem for several kinds.
+OUTPUT_SUFFIXES = (".tif", ".tiff", ".parquet", ".geoparquet", ".geojson", ".json", ".gpkg")
 
-    An item that is a list (dates of one place) is named after its first date, a dict
-    (modalities) after its first modality; inputs without a file name (bytes, arrays) become
-    ``input_<i>``.
+
+def kind_suffix(kind: str) -> str:
+    """The default file suffix of ``kind``'s output (``.tif``, or ``.parquet`` for polygons)."""
+    return KIND_SUFFIX.get(kind, ".tif")
+
+
+def product_paths(path: Path, kinds: Sequence[str], *, named: bool = True) -> list[Path]:
+    """Where each output kind of a request is written, given its output path.
+
+    One kind: ``path`` itself (an engine-chosen name, ``named=False``, takes the kind's
+    suffix). Several: ``path`` is a stem, each kind's file ``<stem>_<kind><suffix>`` (a
+    ``.tif``-like or vector suffix on ``path`` is dropped first): ``scene_classes.tif``,
+    ``scene_confidence.tif``, ``scene_polygons.parquet``.
+    """
+    if len(kinds) == 1:
+        return [path if named else path.with_suffix(kind_suffix(kinds[0]))]
+    stem = path.with_suffix("") if path.suffix.lower() in OUTPUT_SUFFIXES else path
+    return [stem.with_name(f"{stem.name}_{kind}{kind_suffix(kind)}") for kind in kinds]
+
+
+def output_paths(
+    items: Sequence[Any],
+    directory: str | os.PathLike[str],
+    kinds: Sequence[str] = ("classes",),
+) -> list[Path]:
+    """One output path per input in ``directory`` (created), unique per stem.
+
+    For one output kind ``<stem>_pred.tif`` (``.parquet`` for polygons); for several, the
+    stem ``<stem>`` that :func:`product_paths` names each kind's file after
+    (``<stem>_classes.tif``, ...). An item that is a list (dates of one place) is named after
+    its first date, a dict (modalities) after its first modality; inputs without a file name
+    (bytes, arrays) become ``input_<i>``.
     """
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
@@ -156,5 +187,8 @@ def output_paths(items: Sequence[Any], directory: str | os.PathLike[str]) -> lis
         stem = Path(str(first)).stem if isinstance(first, str | os.PathLike) else f"input_{i}"
         n = seen.get(stem, 0)
         seen[stem] = n + 1
-        paths.append(directory / (f"{stem}_pred.tif" if n == 0 else f"{stem}_{n}_pred.tif"))
+        name = stem if n == 0 else f"{stem}_{n}"
+        if len(kinds) == 1:
+            name = f"{name}_pred{kind_suffix(kinds[0])}"
+        paths.append(directory / name)
     return paths

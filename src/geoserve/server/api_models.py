@@ -13,9 +13,17 @@ import json
 from typing import Annotated, Any, Literal
 
 from fastapi.exceptions import RequestValidationError
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationError,
+    model_validator,
+)
 
 from geoserve.errors import InputError
+from geoserve.schemas import OutputKind
 
 InFormat = Literal["b64_json", "path", "url"]
 OutDataFormat = Literal["b64_json", "path", "geotiff"]
@@ -41,7 +49,24 @@ class ImageOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     bands: list[int | str] | None = None
-    output_kind: Literal["classes", "probabilities", "raw"] | None = None
+    output_kind: OutputKind | None = None
+    output_kinds: Annotated[list[OutputKind], Field(min_length=1, max_length=8)] | None = None
+    """Several kinds from one model pass; the response has one entry per kind."""
+
+    @model_validator(mode="after")
+    def _one_way(self) -> ImageOptions:
+        if self.output_kind is not None and self.output_kinds is not None:
+            raise ValueError("give output_kind or output_kinds, not both")
+        if self.output_kinds is not None and len(set(self.output_kinds)) != len(self.output_kinds):
+            raise ValueError("output_kinds: a kind asked for more than once")
+        return self
+
+    @property
+    def kinds(self) -> list[str] | None:
+        """The kinds asked for (None: the server's)."""
+        if self.output_kinds is not None:
+            return list(self.output_kinds)
+        return [self.output_kind] if self.output_kind is not None else None
 
 
 class ImagesRequest(BaseModel):

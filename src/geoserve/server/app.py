@@ -40,7 +40,8 @@ from geoserve.errors import (
 from geoserve.models.configured import models_in_dir, register_all
 from geoserve.raster import tempfiles
 from geoserve.raster.dates import DateLike, request_dates
-from geoserve.schemas import ImageRequestOutput, OutFormat
+from geoserve.raster.sinks import kind_suffix
+from geoserve.schemas import VECTOR_KINDS, ImageOutput, ImageRequestOutput, OutFormat
 from geoserve.server.api_models import (
     ImagesRequest,
     PoolingRequest,
@@ -118,15 +119,21 @@ class _Service:
 
     # -- shared request path -------------------------------------------------------------------
 
-    def output_path(self, rid: str, out_format: str) -> Path | None:
-        """Where a ``path`` output goes: always under --output-dir, named by the server."""
+    def output_path(self, rid: str, out_format: str, kinds: Sequence[str]) -> Path | None:
+        """Where a ``path`` output goes: always under --output-dir, named by the server.
+
+        One kind: ``<rid>.tif`` (``.parquet`` for polygons); several: the stem ``<rid>`` of
+        ``<rid>_<kind>.tif`` and so on.
+        """
         if out_format != "path":
             return None
         if self.settings.output_dir is None:
             raise ForbiddenInputError(
                 "path outputs are disabled on this server (start it with --output-dir DIR)"
             )
-        return self.settings.output_dir / f"{rid}.tif"
+        if len(kinds) > 1:
+            return self.settings.output_dir / rid
+        return self.settings.output_dir / f"{rid}{kind_suffix(kinds[0])}"
 
     async def run(
         self,
@@ -136,7 +143,7 @@ class _Service:
         out_data_format: str,
         *,
         bands: list[int | str] | None = None,
-        output_kind: str | None = None,
+        output_kinds: list[str] | None = None,
         priority: int = 0,
         dates: DateLike | Sequence[DateLike] | None = None,
     ) -> tuple[str, ImageRequestOutput]:
@@ -170,7 +177,16 @@ class _Service:
                 )
             when = request_dates(dates, len(items))
         out_format = _OUT_FORMATS[out_data_format]
-        path = self.output_path(rid, out_format)
+        kinds = output_kinds or [getattr(p, "kind", "raw") for p in eng.engine.out_procs]
+        if output_kinds is not None:
+            eng.engine.output_processors(output_kinds)  # a 400 naming the kinds it offers
+        if out_data_format == "geotiff" and (len(kinds) > 1 or kinds[0] in VECTOR_KINDS):
+            raise InputError(
+                "out_data_format 'geotiff' returns one GeoTIFF; for "
+                f"{'several output kinds' if len(kinds) > 1 else 'polygons'} ask for "
+                "'b64_json' or 'path'"
+            )
+        path = self.output_path(rid, out_format, kinds)
         t0 = time.perf_counter()
         deadline = time.monotonic() + self.settings.request_timeout_s
 
@@ -183,7 +199,7 @@ class _Service:
                 output_path=path,
                 data_format=fmt,
                 bands=bands,
-                output_kind=output_kind,
+                output_kind=output_kinds,
                 priority=priority,
                 timeout=self.settings.request_timeout_s,
                 deadline=deadline,
@@ -221,7 +237,7 @@ class _Service:
             data_format,
             body.out_data_format,
             bands=body.options.bands,
-            output_kind=body.options.output_kind,
+            output_kinds=body.options.kinds,
             priority=body.priority,
             dates=dates,
         )
@@ -232,22 +248,20 @@ class _Service:
         if body.out_data_format == "geotiff":
             headers = {**echo, "X-Geoserve-Timings": json.dumps(timings)}
             return Response(out.data, media_type="image/tiff", headers=headers)
-        return JSONResponse(
-            {
-                "request_id": rid,
-                "created_at": int(time.time()),
-                "model": self.settings.model,
-                "data_format": body.out_data_format,
-                "data": out.b64 if body.out_data_format == "b64_json" else str(out.path),
-                "width": out.width,
-                "height": out.height,
-                "count": out.count,
-                "dtype": out.dtype,
-                "num_patches": result.num_patches,
-                "timings": timings,
-            },
-            headers=echo,
-        )
+        head = {
+            "request_id": rid,
+            "created_at": int(time.time()),
+            "model": self.settings.model,
+            "data_format": body.out_data_format,
+        }
+        tail = {"num_patches": result.num_patches, "timings": timings}
+        if len(result.outputs_by_kind) > 1:  # one entry per kind
+            outputs = {
+                kind: _described(o, body.out_data_format)
+                for kind, o in result.outputs_by_kind.items()
+            }
+            return JSONResponse({**head, "outputs": outputs, **tail}, headers=echo)
+        return JSONResponse({**head, **_described(out, body.out_data_format), **tail}, headers=echo)
 
     async def pooling(self, request: Request) -> Response:
         """POST /pooling: vLLM's IO-processor request and response shapes."""
@@ -338,6 +352,21 @@ class _Service:
     async def metrics_route(self) -> Response:
         """GET /metrics: Prometheus text format."""
         return Response(self.metrics.render(), media_type="text/plain; version=0.0.4")
+
+
+def _described(out: ImageOutput, out_data_format: str) -> dict[str, Any]:
+    """One output in a JSON response: its data (base64, or its server path) and shape.
+
+    A vector output (polygons) gives its feature count as ``count`` and its format as
+    ``dtype`` (``parquet``), as :class:`~geoserve.schemas.ImageOutput` does.
+    """
+    return {
+        "data": out.b64 if out_data_format == "b64_json" else str(out.path),
+        "width": out.width,
+        "height": out.height,
+        "count": out.count,
+        "dtype": out.dtype,
+    }
 
 
 def create_app(settings: ServerSettings, *, engine: Engine | None = None) -> FastAPI:

@@ -1,0 +1,299 @@
+"""The ``polygons`` output: a request's class map as class regions, in a vector file.
+
+:class:`PolygonSink` takes the class map's rows like any raster sink and streams them into a
+temporary GeoTIFF (beside the target, or in memory for bytes and base64 outputs). When the last
+row is in, GDAL's polygonizer (``rasterio.features.shapes`` on the file's band, so the map is
+read block by block, never loaded whole) traces each region of one class with
+**8-connectivity** (pixels touching at a corner belong to the same polygon), in the input's
+CRS. A region whose pixels touch only at a corner somewhere has a ring touching itself there,
+which is not a valid polygon: it is written as the valid MultiPolygon of its parts (shapely's
+``make_valid``), so every row is one 8-connected region and every geometry is valid. Nodata
+pixels make no polygon; with ``min_area`` (pixels) smaller regions are dropped (they leave
+holes, nothing is merged). Each region becomes one row: ``class_id`` (integer),
+``class_name``, and the geometry.
+
+The file format follows the output's name: ``.parquet`` (GeoParquet 1.1, written with pyarrow
+in row groups as polygons come, WKB geometry, the CRS as PROJJSON), ``.geojson`` / ``.json``,
+or ``.gpkg`` (both through pyogrio). The file is written under a temporary name, checked (its
+feature count read back) and renamed into place; a failure leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import tempfile
+import warnings
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import rasterio
+from rasterio.errors import NotGeoreferencedWarning, RasterioError
+from rasterio.features import shapes
+from rasterio.io import MemoryFile
+
+from geoserve.errors import ConfigError, OutputWriteError
+from geoserve.raster import tempfiles
+from geoserve.raster.sinks import OutputSink
+from geoserve.raster.write import IN_MEMORY, OutputRaster, RowWriter, write_error
+from geoserve.schemas import ImageOutput, OutFormat
+
+#: Vector formats by file suffix (the first is the default).
+VECTOR_SUFFIXES: dict[str, str] = {
+    ".parquet": "parquet",
+    ".geoparquet": "parquet",
+    ".geojson": "geojson",
+    ".json": "geojson",
+    ".gpkg": "gpkg",
+}
+#: pyogrio's driver for each format it writes.
+_DRIVERS = {"geojson": "GeoJSON", "gpkg": "GPKG"}
+#: Polygons per Parquet row group (and per conversion batch).
+BATCH = 4096
+#: The geometry types written: a region, or a region whose parts touch only at corners.
+GEOMETRY_TYPES = ["Polygon", "MultiPolygon"]
+#: How regions are traced: pixels touching at an edge or a corner are one region.
+CONNECTIVITY = 8
+
+
+def vector_format(path: Path) -> str:
+    """The vector format ``path``'s suffix names.
+
+    Raises:
+        ConfigError: a suffix of no vector format, naming the path and the accepted ones.
+    """
+    fmt = VECTOR_SUFFIXES.get(path.suffix.lower())
+    if fmt is None:
+        raise ConfigError(
+            f"{path}: polygons are written as {', '.join(VECTOR_SUFFIXES)}; name the output "
+            "with one of these suffixes"
+        )
+    return fmt
+
+
+class PolygonSink(OutputSink):
+    """Class map rows in, a vector file of class regions out; see the module docstring.
+
+    Args:
+        path: The vector file (``None``: bytes, for ``b64`` / ``bytes`` outputs).
+        fmt: Its format (``parquet``, ``geojson`` or ``gpkg``); default: from ``path``'s suffix,
+            else GeoParquet.
+        class_names: The class name of each class id.
+        min_area: Polygons of fewer pixels are dropped.
+    """
+
+    def __init__(
+        self,
+        path: Path | None,
+        profile: Mapping[str, Any],
+        height: int,
+        width: int,
+        *,
+        class_names: Sequence[str],
+        fmt: str | None = None,
+        min_area: float = 0.0,
+    ) -> None:
+        super().__init__(height, width)
+        self.path = path
+        self.fmt = fmt or (vector_format(path) if path is not None else "parquet")
+        self.class_names = tuple(class_names)
+        self.min_area = min_area
+        self._profile = profile
+        self._map_path = tempfiles.new_temporary(path) if path is not None else None
+        self._map = RowWriter(self._map_path, profile, height, width)
+        self._tmp: list[Path] = []
+
+    def _write(self, row: int, out: OutputRaster) -> None:
+        self._map.write(row, dataclasses.replace(out, categories=()))  # (no sidecar for it)
+
+    def commit(self, out_format: OutFormat) -> ImageOutput:
+        """Polygonize the finished class map and write the vector file (or its bytes)."""
+        name = str(self.path) if self.path is not None else IN_MEMORY
+        try:
+            finished = self._map.commit()  # the class map: a (temporary) file, or its bytes
+            with _opened(finished) as ds:
+                if self.path is not None:
+                    target = tempfiles.new_temporary(self.path)
+                    self._tmp.append(target)
+                    n = self._write_vector(ds, target)
+                    os.replace(target, self.path)
+                    out = self._vector_output(out_format, n)
+                    out.path = self.path
+                    return out
+                with tempfile.TemporaryDirectory(prefix="geoserve-") as tmp:
+                    target = Path(tmp) / f"polygons.{self.fmt}"
+                    n = self._write_vector(ds, target)
+                    data = target.read_bytes()
+            out = self._vector_output(out_format, n)
+            if out_format == "b64":
+                import base64
+
+                out.b64 = base64.b64encode(data).decode("ascii")
+            else:
+                out.data = data
+            return out
+        except OutputWriteError:
+            raise
+        except (RasterioError, OSError, ValueError, RuntimeError) as exc:
+            raise write_error(name, exc) from exc
+        finally:
+            self._cleanup()
+
+    def _vector_output(self, out_format: OutFormat, n: int) -> ImageOutput:
+        return ImageOutput(out_format, self.width, self.height, n, self.fmt)
+
+    def _write_vector(self, ds: Any, target: Path) -> int:
+        """Trace ``ds``'s regions into ``target``; the number of polygons, read back."""
+        crs = ds.crs
+        rows = polygon_rows(ds, self.class_names, self.min_area)
+        if self.fmt == "parquet":
+            written = _write_parquet(target, rows, crs)
+            import pyarrow.parquet as pq
+
+            found = pq.ParquetFile(target).metadata.num_rows
+        else:
+            import pyogrio
+
+            with warnings.catch_warnings():  # (the temporary name's suffix is not .gpkg)
+                warnings.filterwarnings("ignore", "The filename extension", RuntimeWarning)
+                warnings.filterwarnings("ignore", ".*non conformant file extension", RuntimeWarning)
+                written = _write_ogr(target, rows, crs, _DRIVERS[self.fmt])
+                found = pyogrio.read_info(target)["features"]
+        if found != written:
+            raise OutputWriteError(f"{target}: {written} polygons written but {found} read back")
+        return written
+
+    def abort(self) -> None:
+        """Remove the class map and any vector file begun."""
+        self._map.abort()
+        self._cleanup()
+
+    def _cleanup(self) -> None:
+        for tmp in [*self._tmp, *([self._map_path] if self._map_path else [])]:
+            tempfiles.release(tmp, remove=True)
+        self._tmp.clear()
+
+
+@contextlib.contextmanager
+def _opened(finished: Path | bytes) -> Iterator[Any]:
+    """The finished class map opened for reading (a file, or bytes in a ``MemoryFile``)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", NotGeoreferencedWarning)
+        if isinstance(finished, Path):
+            with rasterio.open(finished) as ds:
+                yield ds
+        else:
+            with MemoryFile(finished) as mem, mem.open() as ds:
+                yield ds
+
+
+def polygon_rows(
+    ds: Any, class_names: Sequence[str], min_area: float = 0.0
+) -> Iterator[tuple[list[int], list[str], list[bytes]]]:
+    """``ds``'s band 1 (a class map) traced into batches of (class ids, names, WKB polygons).
+
+    Nodata pixels make no polygon; polygons under ``min_area`` pixels are dropped.
+    """
+    import shapely
+    import shapely.geometry
+
+    nodata = ds.nodata
+    t = ds.transform
+    pixel_area = abs(t.a * t.e - t.b * t.d) or 1.0
+    ids: list[int] = []
+    names: list[str] = []
+    wkbs: list[bytes] = []
+    for geom, value in shapes(rasterio.band(ds, 1), connectivity=CONNECTIVITY, transform=t):
+        if nodata is not None and value == nodata:
+            continue
+        polygon = shapely.geometry.shape(geom)
+        if not polygon.is_valid:  # a ring touching itself at a corner: its parts
+            polygon = shapely.make_valid(polygon, method="structure")
+        if min_area and polygon.area / pixel_area < min_area:
+            continue
+        cid = int(value)
+        ids.append(cid)
+        names.append(class_names[cid] if 0 <= cid < len(class_names) else f"class_{cid}")
+        wkbs.append(polygon.wkb)
+        if len(ids) >= BATCH:
+            yield ids, names, wkbs
+            ids, names, wkbs = [], [], []
+    if ids:
+        yield ids, names, wkbs
+
+
+def geo_metadata(crs: Any) -> dict[str, Any]:
+    """GeoParquet 1.1 file metadata for a WKB ``geometry`` column of (multi)polygons in ``crs``.
+
+    No CRS (an ungeoreferenced input) is written as ``null``, "undefined", not left out
+    (which would mean longitude/latitude).
+    """
+    projjson = crs.to_dict(projjson=True) if crs is not None else None
+    return {
+        "version": "1.1.0",
+        "primary_column": "geometry",
+        "columns": {
+            "geometry": {"encoding": "WKB", "geometry_types": GEOMETRY_TYPES, "crs": projjson}
+        },
+    }
+
+
+def _write_parquet(
+    target: Path, rows: Iterator[tuple[list[int], list[str], list[bytes]]], crs: Any
+) -> int:
+    """GeoParquet, one row group per batch as polygons come."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    schema = pa.schema(
+        [("class_id", pa.int32()), ("class_name", pa.string()), ("geometry", pa.binary())],
+        metadata={"geo": json.dumps(geo_metadata(crs))},
+    )
+    n = 0
+    with pq.ParquetWriter(target, schema, compression="zstd") as writer:
+        for ids, names, wkbs in rows:
+            writer.write_table(pa.table([ids, names, wkbs], schema=schema))
+            n += len(ids)
+    return n
+
+
+def _write_ogr(
+    target: Path,
+    rows: Iterator[tuple[list[int], list[str], list[bytes]]],
+    crs: Any,
+    driver: str,
+) -> int:
+    """GeoJSON or GeoPackage through pyogrio, appended batch by batch."""
+    import pyogrio.raw
+
+    n = 0
+    wkt = crs.to_wkt() if crs is not None else None
+    for ids, names, wkbs in rows:
+        pyogrio.raw.write(
+            str(target),
+            geometry=np.array(wkbs, dtype=object),
+            field_data=[np.array(ids, dtype=np.int32), np.array(names, dtype=object)],
+            fields=["class_id", "class_name"],
+            crs=wkt,
+            geometry_type="Unknown",
+            driver=driver,
+            append=n > 0,
+            layer="polygons",
+        )
+        n += len(ids)
+    if n == 0:  # no polygon at all: still a valid, empty file
+        pyogrio.raw.write(
+            str(target),
+            geometry=np.array([], dtype=object),
+            field_data=[np.array([], dtype=np.int32), np.array([], dtype=object)],
+            fields=["class_id", "class_name"],
+            crs=wkt,
+            geometry_type="Unknown",
+            driver=driver,
+            layer="polygons",
+        )
+    return n
