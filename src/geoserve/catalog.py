@@ -39,7 +39,8 @@ class ModelEntry:
     num_frames: int = 1
     modalities: dict[str, list[int | str] | None] | None = None  # a multimodal model's
     patch_size: int | None = None
-    output: str = "raw"  # the output kind: classes, probabilities or raw
+    output: str = "raw"  # the default output kind: classes, probabilities, raw, ...
+    kinds: list[str] = field(default_factory=list)  # every kind it can produce (--output-kind)
     classes: list[str] = field(default_factory=list)
     error: str | None = None  # why the model cannot be used (a processor is missing)
 
@@ -102,6 +103,7 @@ def model_entries() -> list[ModelEntry]:
                 entry.modalities = {m.name: list(m.bands) if m.bands else None for m in modalities}
             entry.patch_size = getattr(inp, "patch_size", None)
             entry.output = out.kind
+            entry.kinds = list(getattr(out, "kinds", None) or (out.kind,))
             entry.classes = list(getattr(out, "classes", ()) or ())
         entries.append(entry)
     return entries
@@ -142,6 +144,19 @@ def format_table(entries: list[ModelEntry], width: int) -> list[str]:
         lines.append(_cut(line.rstrip(), width))
         if below and i:
             lines.append(_cut("    " + ": ".join(row[c] for c in below if row[c]), width))
+    return lines
+
+
+def kinds_lines(entries: list[ModelEntry], width: int) -> list[str]:
+    """Below the table: the output kinds (``--output-kind``) each group of models offers."""
+    groups: dict[tuple[str, ...], list[str]] = {}
+    for e in entries:
+        if e.error is None:
+            groups.setdefault(tuple(e.kinds), []).append(e.name)
+    lines = ["", "output kinds (--output-kind, several comma-separated):"]
+    for kinds, names in sorted(groups.items(), key=lambda g: -len(g[1])):
+        who = ", ".join(names) if len(names) <= 3 else f"{len(names)} models"
+        lines.append(_cut(f"  {', '.join(kinds)}: {who}", width))
     return lines
 
 

@@ -264,6 +264,8 @@ def _list_parser(model: type[BaseModel], name: str, item: Any) -> Any:
             mine = [e for e in exc.errors() if e["loc"] and e["loc"][0] == name]
             if mine:
                 why = str(mine[0]["msg"]).removeprefix("Value error, ")
+                if len(mine[0]["loc"]) > 1:  # one item of the list: say which
+                    why = f"{mine[0]['input']!r}: {why}"
                 raise argparse.ArgumentTypeError(why) from None
         return values
 

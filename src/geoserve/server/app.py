@@ -323,7 +323,12 @@ class _Service:
                     for m in modalities
                 ]
                 entry["input"]["reference"] = getattr(inp, "reference", None)
-            entry["output"] = {"kind": out.kind, "classes": list(getattr(out, "classes", ()))}
+            entry["output"] = {
+                "kind": out.kind,
+                "kinds": [getattr(p, "kind", "raw") for p in eng.engine.out_procs],
+                "available_kinds": list(getattr(out, "kinds", None) or (out.kind,)),
+                "classes": list(getattr(out, "classes", ())),
+            }
         return {"object": "list", "data": [entry]}
 
     def crashed(self) -> BaseException | None:

@@ -1,0 +1,111 @@
+"""Several output kinds over HTTP: one entry per kind, each equal to the offline engine's."""
+
+from __future__ import annotations
+
+import base64
+import io
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from geoserve import Engine
+from tests.server.test_app import b64, decode
+
+
+def _offline(path, kind: str) -> np.ndarray:
+    with Engine("test-seg", output_kind=kind) as engine:
+        return engine.generate_image(path, out_format="tensor").outputs.tensor.numpy()
+
+
+def test_output_kinds_give_one_entry_per_kind(client, data_dir):
+    path = data_dir / "a.tif"
+    resp = client.post(
+        "/v1/images",
+        json={
+            "data": b64(path),
+            "out_data_format": "b64_json",
+            "options": {"output_kinds": ["classes", "confidence", "polygons"]},
+        },
+    )
+    assert resp.status_code == 200, resp.text
+    body = resp.json()
+    assert "data" not in body  # no kind is singled out: each has its entry
+    assert list(body["outputs"]) == ["classes", "confidence", "polygons"]
+    classes, _ = decode(base64.b64decode(body["outputs"]["classes"]["data"]))
+    np.testing.assert_array_equal(classes, _offline(path, "classes"))
+    confidence, _ = decode(base64.b64decode(body["outputs"]["confidence"]["data"]))
+    np.testing.assert_allclose(confidence, _offline(path, "confidence"), rtol=1e-5)
+    assert body["outputs"]["confidence"]["dtype"] == "float32"
+    polygons = body["outputs"]["polygons"]
+    assert polygons["dtype"] == "parquet"
+    table = pq.read_table(io.BytesIO(base64.b64decode(polygons["data"])))
+    assert table.num_rows == polygons["count"] > 0
+    assert set(table["class_id"].to_pylist()) == set(np.unique(classes).tolist())
+
+
+def test_one_kind_keeps_the_single_response(client, data_dir):
+    resp = client.post(
+        "/v1/images",
+        json={"data": b64(data_dir / "b.tif"), "options": {"output_kinds": ["confidence"]}},
+    )
+    assert resp.status_code == 200, resp.text
+    body = resp.json()
+    assert "outputs" not in body
+    assert (body["count"], body["dtype"]) == (1, "float32")
+
+
+def test_path_outputs_of_several_kinds_are_named_by_the_server(client, out_dir):
+    resp = client.post(
+        "/v1/images",
+        json={
+            "data": "c.tif",
+            "data_format": "path",
+            "out_data_format": "path",
+            "options": {"output_kinds": ["probabilities", "polygons"]},
+        },
+        headers={"X-Request-Id": "client-chosen"},
+    )
+    assert resp.status_code == 200, resp.text
+    body = resp.json()
+    rid = body["request_id"]
+    paths = {k: v["data"] for k, v in body["outputs"].items()}
+    assert paths == {
+        "probabilities": str(out_dir / f"{rid}_probabilities.tif"),
+        "polygons": str(out_dir / f"{rid}_polygons.parquet"),
+    }
+    assert not list(out_dir.glob("client-chosen*"))
+
+
+def test_bad_kinds_are_a_4xx_naming_them(client, data_dir):
+    cases = [  # (options, out_data_format, status, words of the message)
+        ({"output_kinds": ["classes", "classes"]}, "b64_json", 422, "more than once"),
+        ({"output_kinds": ["classes", "tokens"]}, "b64_json", 422, "output_kinds"),
+        ({"output_kinds": []}, "b64_json", 422, "output_kinds"),
+        ({"output_kind": "raw", "output_kinds": ["raw"]}, "b64_json", 422, "not both"),
+        ({"output_kinds": ["classes", "confidence"]}, "geotiff", 400, "several output kinds"),
+        ({"output_kind": "polygons"}, "geotiff", 400, "polygons"),
+    ]
+    for options, out_format, status, needle in cases:
+        resp = client.post(
+            "/v1/images",
+            json={
+                "data": b64(data_dir / "b.tif"),
+                "out_data_format": out_format,
+                "options": options,
+            },
+        )
+        assert resp.status_code == status, (options, resp.text)
+        assert needle in resp.json()["message"], (options, resp.text)
+        assert "Traceback" not in resp.text
+
+
+def test_models_lists_the_kinds(client):
+    output = client.get("/v1/models").json()["data"][0]["output"]
+    assert output["kinds"] == ["classes"]
+    assert output["available_kinds"] == [
+        "classes",
+        "probabilities",
+        "confidence",
+        "raw",
+        "polygons",
+    ]

@@ -1,0 +1,88 @@
+"""``geoserve predict --output-kind A,B,...``: several products from one run, named per kind."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow.parquet as pq
+import rasterio
+
+from tests.conftest import LAKE
+from tests.test_cli import run
+
+STEM = LAKE.stem
+
+
+def test_several_kinds_into_a_directory_equal_single_kind_runs(tmp_path):
+    out = tmp_path / "products"  # missing: created, since -o ends with /
+    res = run(
+        "predict",
+        str(LAKE),
+        "-o",
+        f"{out}/",
+        "--output-kind",
+        "classes,confidence,polygons",
+        "--min-area",
+        "4",
+        "--prefetch-rows",
+        "0",
+    )
+    assert res.returncode == 0, res.stderr
+    classes, confidence = out / f"{STEM}_classes.tif", out / f"{STEM}_confidence.tif"
+    polygons = out / f"{STEM}_polygons.parquet"
+    for path in (classes, confidence, polygons):
+        assert f"wrote {path} (1536x768" in res.stdout
+    assert "polygons, parquet" in res.stdout
+    single = tmp_path / "single.tif"
+    res = run("predict", str(LAKE), "-o", str(single), "--prefetch-rows", "0", "-q")
+    assert res.returncode == 0, res.stderr
+    with rasterio.open(classes) as a, rasterio.open(single) as b, rasterio.open(LAKE) as src:
+        np.testing.assert_array_equal(a.read(), b.read())
+        assert (a.crs, a.transform) == (src.crs, src.transform)
+    with rasterio.open(confidence) as c:
+        assert (c.count, c.dtypes[0]) == (1, "float32")
+        values = c.read(1)
+        assert np.nanmin(values) >= 0.5
+        assert np.nanmax(values) <= 1.0
+    table = pq.read_table(polygons)
+    assert table.num_rows > 0
+    assert set(table["class_name"].to_pylist()) == {"not water", "water"}
+
+
+def test_several_kinds_to_a_stem(tmp_path):
+    res = run("predict", str(LAKE), "-o", str(tmp_path / "lake"), "--output-kind", "classes")
+    assert res.returncode == 0, res.stderr
+    assert (tmp_path / "lake").is_file()  # one kind: -o is the file, as always
+    res = run(
+        "predict", str(LAKE), "-o", str(tmp_path / "lake.tif"), "--output-kind", "raw,classes"
+    )
+    assert res.returncode == 0, res.stderr
+    assert (tmp_path / "lake_raw.tif").is_file()
+    assert (tmp_path / "lake_classes.tif").is_file()
+
+
+def test_a_kind_the_model_cannot_make_is_one_line(tmp_path):
+    res = run(
+        "predict",
+        str(LAKE),
+        "-o",
+        str(tmp_path / "x.tif"),
+        "--model",
+        "identity",
+        "--output-kind",
+        "raw,polygons",
+    )
+    assert res.returncode == 1
+    assert "model 'identity'" in res.stderr
+    assert "cannot produce 'polygons'" in res.stderr
+    assert "offers raw" in res.stderr
+    assert "Traceback" not in res.stderr
+    res = run("predict", str(LAKE), "-o", str(tmp_path / "x.tif"), "--output-kind", "sky")
+    assert res.returncode == 2
+    assert "sky" in res.stderr
+
+
+def test_models_lists_output_kinds():
+    res = run("models")
+    assert res.returncode == 0, res.stderr
+    assert "output kinds (--output-kind" in res.stdout
+    assert "classes, probabilities, confidence, raw, polygons:" in res.stdout
