@@ -197,8 +197,9 @@ def processors_of(model: str) -> tuple[InputProcessor, OutputProcessor]:
 
 @pytest.fixture
 def register_model() -> Iterator[Callable[..., str]]:
-    """Factory: ``register_model(name, factory, input_processor, output_processor)`` registers a
-    model for this test alone (unregistered at teardown) and returns its name.
+    """Factory: ``register_model(name, factory, input_processor, output_processor, **spec)``
+    registers a model for this test alone (unregistered at teardown) and returns its name
+    (``spec``: more fields of its registration, e.g. ``token_size``).
 
     Either processor may be ``None``: a model registered without it.
     """
@@ -209,8 +210,9 @@ def register_model() -> Iterator[Callable[..., str]]:
         factory: Callable[[], nn.Module],
         input_processor: InputProcessor | None = None,
         output_processor: OutputProcessor | None = None,
+        **spec: Any,
     ) -> str:
-        MODEL_REGISTRY.register_model(name)(factory)
+        MODEL_REGISTRY.register_model(name, **spec)(factory)
         names.append(name)
         if input_processor is not None:
             INPUT_REGISTRY.register_input_processor(input_processor)(factory)

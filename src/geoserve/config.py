@@ -61,10 +61,15 @@ class EngineConfig(BaseModel):
     bands: list[int | str] | None = None
     """Input bands the model reads: 0-based indices or band descriptions (default: the model's)."""
     output_kind: list[OutputKind] | None = None
-    """What the model's output becomes: classes, probabilities, confidence, raw or polygons;
-    several (classes,confidence) from one model pass (default: the model's own)."""
+    """What the model's output becomes: classes, probabilities, confidence, raw, polygons,
+    embeddings or patch-embeddings; several (classes,confidence) from one model pass (default:
+    the model's own)."""
     min_area: Annotated[float, Field(ge=0)] = 0.0
     """Polygons output: drop polygons of fewer pixels than this."""
+    embedding_layer: int = -1
+    """Embeddings outputs: the encoder block whose tokens are written (0-based; -1: the last)."""
+    embedding_dtype: Literal["float32", "float16"] = "float32"
+    """Embeddings output: the GeoTIFF's data type."""
     max_batch_patches: Annotated[int, Field(ge=1)] | Literal["auto"] = 16
     """Most patches per forward pass, from all pending requests ('auto': from free GPU memory)."""
     compile: bool = False

@@ -17,12 +17,17 @@ if TYPE_CHECKING:
     import torch
 
 OutFormat = Literal["path", "tensor", "b64", "bytes"]
-#: What an output processor makes of the model's output: class ids, class probabilities, raw
-#: values, the winning class's probability, or the class regions as polygons (a vector file).
-OutputKind = Literal["classes", "probabilities", "raw", "confidence", "polygons"]
+#: What a request's output is: class ids, class probabilities, raw values, the winning class's
+#: probability, the class regions as polygons (a vector file), the encoder's patch tokens on
+#: the token grid, or one pooled embedding per patch (a vector file).
+OutputKind = Literal[
+    "classes", "probabilities", "raw", "confidence", "polygons", "embeddings", "patch-embeddings"
+]
 OUTPUT_KINDS: tuple[str, ...] = get_args(OutputKind)
-#: Kinds written as a vector file rather than a raster on the input's grid.
-VECTOR_KINDS: tuple[str, ...] = ("polygons",)
+#: Kinds written as a vector file rather than a raster.
+VECTOR_KINDS: tuple[str, ...] = ("polygons", "patch-embeddings")
+#: Kinds made of the encoder's tokens (from the same forward pass), not of the model's output.
+TOKEN_KINDS: tuple[str, ...] = ("embeddings", "patch-embeddings")
 OUT_FORMATS: tuple[str, ...] = get_args(OutFormat)
 
 

@@ -32,13 +32,22 @@ from geoserve.errors import (
     prefixed,
 )
 from geoserve.processors.base import InputProcessor, OutputProcessor, RasterContext
+from geoserve.processors.embeddings import EmbeddingReassembler, token_grid, token_profile
 from geoserve.raster.dates import DateLike, request_dates
+from geoserve.raster.patch_embeddings import PatchEmbeddingSink
 from geoserve.raster.polygons import PolygonSink
 from geoserve.raster.sinks import OutputSink, make_sink, product_paths
 from geoserve.raster.source import DataFormat, RasterLike, RasterSource, open_raster
 from geoserve.raster.stac_item import is_stac_input
 from geoserve.registry import ModelSpec
-from geoserve.schemas import OUT_FORMATS, VECTOR_KINDS, ImageRequestOutput, OutFormat
+from geoserve.schemas import (
+    OUT_FORMATS,
+    OUTPUT_KINDS,
+    TOKEN_KINDS,
+    VECTOR_KINDS,
+    ImageRequestOutput,
+    OutFormat,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -179,6 +188,8 @@ class Admission:
             proc = stac_processor(proc, inputs, data_format)
             sources, ctx = self._plan(proc, inputs, data_format, dates, opened)
             kinds = [getattr(p, "kind", "raw") for p in procs]
+            if set(kinds) & set(TOKEN_KINDS) and self.spec.token_size:
+                token_grid(ctx.grid, self.spec.token_size)  # refused unless on token edges
             paths: list[Path | None] = [None] * len(procs)
             if out_format == "path":
                 named = output_path is not None
@@ -212,6 +223,7 @@ class Admission:
             stitch_on=self._stitch_device(procs),
             priority=priority,
             more_outputs=more,
+            token_size=self.spec.token_size if set(kinds) & set(TOKEN_KINDS) else None,
         )
         try:
             check_request(req, self.config.max_patches, self.max_request_bytes)
@@ -264,12 +276,19 @@ class Admission:
             OutputWriteError: the output directory does not exist.
         """
         grid = ctx.grid
-        if getattr(out_proc, "kind", None) in VECTOR_KINDS:
-            if out_format == "tensor":
-                raise ConfigError(
-                    "polygons are a vector file: ask for them as a path, bytes or base64, "
-                    "not a tensor"
-                )
+        kind = getattr(out_proc, "kind", None)
+        if kind in VECTOR_KINDS and out_format == "tensor":
+            raise ConfigError(
+                f"{kind} are a vector file: ask for them as a path, bytes or base64, not a tensor"
+            )
+        token = self.spec.token_size
+        if kind == "embeddings" and token:
+            profile = token_profile(ctx.profile, grid, token)
+            height, width = profile["height"], profile["width"]
+            return make_sink(out_format, path, profile, height, width, cog=self.config.cog)
+        if kind == "patch-embeddings":
+            return PatchEmbeddingSink(path, ctx.profile, grid.height, grid.width)
+        if kind in VECTOR_KINDS:
             return PolygonSink(
                 path,
                 ctx.profile,
@@ -349,6 +368,26 @@ class Admission:
             dates=when,
         )
 
+    def kinds_offered(self) -> tuple[str, ...]:
+        """Every output kind this model can produce.
+
+        Its output processor's, and the embeddings kinds for a model registered with a
+        ``token_size``.
+        """
+        base = self.out_procs[0] if self.out_procs else self.out_proc
+        kinds = getattr(base, "kinds", None) or (base.kind,)
+        own = tuple(k for k in kinds if k not in TOKEN_KINDS)
+        return own + (TOKEN_KINDS if self.spec.token_size else ())
+
+    def _check_token_model(self) -> None:
+        """A model registered with a ``token_size`` must give its tokens (once it is built)."""
+        model = getattr(self, "model", None)
+        if model is not None and not callable(getattr(model, "forward_with_tokens", None)):
+            raise ConfigError(
+                f"model {self.spec.name!r} is registered with token_size but its module has "
+                "no forward_with_tokens (see geoserve.processors.embeddings)"
+            )
+
     def output_processors(self, kinds: str | Sequence[str]) -> tuple[OutputProcessor, ...]:
         """The model's output processor for each of ``kinds`` (text: comma-separated).
 
@@ -362,11 +401,29 @@ class Admission:
         twice = sorted({k for k in names if names.count(k) > 1})
         if twice:
             raise ConfigError(f"output_kind: {', '.join(twice)} asked for more than once")
+        offered = self.kinds_offered()
         base = self.out_procs[0] if self.out_procs else self.out_proc
-        try:
-            return tuple(base.for_kind(k) for k in names)
-        except ConfigError as exc:
-            raise ConfigError(f"model {self.spec.name!r}: {exc}") from None
+        procs: list[OutputProcessor] = []
+        for kind in names:
+            if kind not in OUTPUT_KINDS:
+                raise ConfigError(
+                    f"invalid output kind {kind!r}; choose one of {', '.join(OUTPUT_KINDS)}"
+                )
+            if kind not in offered:
+                raise ConfigError(
+                    f"model {self.spec.name!r} cannot produce {kind!r} output; it offers "
+                    f"{', '.join(offered)}"
+                )
+            if kind in TOKEN_KINDS:
+                self._check_token_model()
+                cfg = self.config
+                procs.append(EmbeddingReassembler(kind, cfg.embedding_layer, cfg.embedding_dtype))  # type: ignore[arg-type]
+            else:
+                try:
+                    procs.append(base.for_kind(kind))
+                except ConfigError as exc:
+                    raise ConfigError(f"model {self.spec.name!r}: {exc}") from None
+        return tuple(procs)
 
     def admit(self, request: Request) -> None:
         """Queue a prepared request: lower ``priority`` first, then arrival order."""

@@ -49,12 +49,15 @@ from geoserve.errors import (
     NotGeoreferencedWarning,
 )
 from geoserve.processors.base import InputProcessor, OutputProcessor
+from geoserve.processors.embeddings import check_token_tiling
 from geoserve.raster.dates import DateLike, dates_per_item
 from geoserve.raster.gdal_setup import default_read_workers, limit_gdal_cache
+from geoserve.raster.grid import BlendMode, PatchGrid
 from geoserve.raster.sinks import output_paths
 from geoserve.raster.source import DataFormat, RasterArray, RasterLike
 from geoserve.registry import ModelSpec
 from geoserve.schemas import (
+    TOKEN_KINDS,
     VECTOR_KINDS,
     ImageRequestOutput,
     OutFormat,
@@ -110,7 +113,7 @@ class Engine(Admission):
             )
         except ConfigError as exc:
             raise ConfigError(f"model {self.spec.name!r}: {exc}") from exc
-        self.out_proc = out_proc
+        self.out_proc = self._model_out_proc = out_proc
         self.out_procs = (out_proc,)
         if cfg.output_kind:
             self.out_procs = self.output_processors(cfg.output_kind)
@@ -119,6 +122,11 @@ class Engine(Admission):
         self._output_dir = cfg.output_dir
         limit_gdal_cache()
         self.model = build_model(self.spec, cfg.weights, self.device)
+        self.output_processors([p.kind for p in self.out_procs])  # (the model checked too)
+        if self.spec.token_size and any(p.kind in TOKEN_KINDS for p in self.out_procs):
+            size, blend = self.in_proc.patch_size, cast(BlendMode, self.in_proc.blend)
+            grid = PatchGrid(size, size, size, self.in_proc.stride, blend)
+            check_token_tiling(grid, self.spec.token_size)
         self.compiled = cfg.compile
         if cfg.compile:
             self.model = cast(
@@ -131,6 +139,7 @@ class Engine(Admission):
             self.dtype,
             compiled=self.compiled,
             max_batch_patches=1 if auto_batch else cast(int, cfg.max_batch_patches),
+            embedding_layer=cfg.embedding_layer,
         )
         preprocess = cfg.preprocess
         if preprocess == "auto":
@@ -167,6 +176,8 @@ class Engine(Admission):
         """One patch of the input processor's dummy input (for warm-up)."""
         dummy = self.in_proc.dummy_request(seed=0)
         req = self._new_request(dummy, "warmup", "tensor", None, out_procs=self._tensor_procs())
+        if any(p.kind in TOKEN_KINDS for p in self.out_procs):  # warm up the tokens too
+            req.token_size = self.spec.token_size
         patch = req.pop_patch()
         req.close()
         assert patch is not None  # dummy inputs have no nodata
@@ -177,10 +188,9 @@ class Engine(Admission):
 
         One kind, a raster one: its values are not used, only its hooks.
         """
-        proc = self.out_proc
-        if getattr(proc, "kind", None) in VECTOR_KINDS:
-            proc = proc.for_kind("classes")
-        return [proc]
+        if getattr(self.out_proc, "kind", None) in (*VECTOR_KINDS, *TOKEN_KINDS):
+            return [self._model_out_proc]
+        return [self.out_proc]
 
     def close(self) -> None:
         """Drop pending requests, release their inputs and stop the reader and writer threads."""

@@ -20,6 +20,7 @@ from geoserve.engine.canvas import RowBand
 from geoserve.engine.failures import FINISH, STITCH, WRITE, Fail, isolate, request_error
 from geoserve.engine.request import Request
 from geoserve.engine.runner import BatchOutput
+from geoserve.errors import ModelOutputShapeError
 from geoserve.schemas import ImageRequestOutput, TensorRequestOutput
 
 #: Output bands a request may have queued on the writer before the model loop waits for it.
@@ -50,11 +51,19 @@ class OutputStage:
             with isolate(req, STITCH, self._fail):
                 if req.canvas.device is not None:
                     result: Any = part.out[i]  # stays on the device
+                    tokens: Any = part.tokens[i] if part.tokens is not None else None
                 else:
                     assert part.host is not None
                     result = req.out_proc.prepare_patch(part.host[i])
+                    tokens = part.host_tokens[i] if part.host_tokens is not None else None
                 req.out_channels = result.shape[0]
                 req.canvas.add(patch.row, patch.col, result)
+                if req.wants_tokens:
+                    if tokens is None:  # (a batch asks for tokens when one request does)
+                        raise ModelOutputShapeError(
+                            f"model returned no tokens for {req.request_id}"
+                        )
+                    req.add_tokens(patch.row, patch.col, tokens)
                 req.stitched += 1
                 req.timings.stitch += time.perf_counter() - t1
                 req.timings.model += part.seconds
@@ -78,6 +87,12 @@ class OutputStage:
                 )
                 if band is not None:
                     req.writes.append(self._writer.submit(_write_band, req, band))
+            tokens = req.token_canvas
+            if tokens is not None and (req.token_channels or tokens.complete):
+                min_rows = 1 if streaming else tokens.grid.height
+                band = tokens.take_finished(req.token_channels or 1, min_rows=min_rows)
+                if band is not None:
+                    req.writes.append(self._writer.submit(_write_band, req, band, True))
             while req.writes and (req.writes[0].done() or len(req.writes) > MAX_PENDING_WRITES):
                 req.writes.popleft().result()  # back-pressure, and the writer's errors
 
@@ -100,6 +115,9 @@ class OutputStage:
         self._writer.shutdown(wait=True)
 
 
-def _write_band(req: Request, band: RowBand) -> None:
-    """Turn one band of blended rows into output values and write them (writer thread)."""
-    req.write_band(band)
+def _write_band(req: Request, band: RowBand, tokens: bool = False) -> None:
+    """Turn one band of blended rows into output values and write them (writer thread).
+
+    ``tokens``: a band of the token canvas (the embeddings kind's).
+    """
+    req.write_band(band, tokens)

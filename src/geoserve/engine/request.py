@@ -35,10 +35,13 @@ from geoserve.processors.base import (
     PatchRow,
     RasterContext,
 )
+from geoserve.processors.embeddings import token_grid, token_valid
+from geoserve.raster.patch_embeddings import PatchEmbeddingSink
 from geoserve.raster.sinks import OutputSink
 from geoserve.raster.source import RasterSource
 from geoserve.raster.write import OutputRaster
 from geoserve.schemas import (
+    TOKEN_KINDS,
     ImageOutput,
     ImageRequestOutput,
     OutFormat,
@@ -102,11 +105,16 @@ class Request:
     stitched: int = 0
     skipped: int = 0
     more_outputs: tuple[Product, ...] = ()
+    token_size: int | None = None
+    token_canvas: Canvas | None = field(init=False, default=None)
+    token_channels: int | None = None
     _rows: RowPrefetcher[PatchRow] = field(init=False)
     _waited_on: Future[PatchRow] | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.canvas = Canvas(self.ctx.grid, self.stitch_on)
+        if self.token_size and any(p.kind == "embeddings" for p in self.products()):
+            self.token_canvas = Canvas(token_grid(self.ctx.grid, self.token_size), self.stitch_on)
         self._rows = RowPrefetcher(
             self._read_row, self.ctx.grid.rows, self.reader, self.prefetch_rows
         )
@@ -262,6 +270,10 @@ class Request:
             t0 = time.perf_counter()
             row = self._rows.next()  # read ahead on the reader pool while the model runs
             self.canvas.expect(row.row, len(row.cols), row.core_valid)
+            if self.token_canvas is not None:
+                assert self.token_size is not None
+                valid = token_valid(row.core_valid, self.token_size)
+                self.token_canvas.expect(row.row, len(row.cols), valid)
             self.next_row += 1
             for col, data in zip(row.cols, self._model_layout(row.patches), strict=False):
                 self.queue.append(Patch(self, row.row, col, data))
@@ -281,6 +293,33 @@ class Request:
         first = Product(getattr(self.out_proc, "kind", "raw"), self.out_proc, self.sink)
         return [first, *self.more_outputs]
 
+    @property
+    def wants_tokens(self) -> bool:
+        """Whether a kind of this request is made of the encoder's tokens."""
+        return self.token_size is not None
+
+    @property
+    def writes_pixels(self) -> bool:
+        """Whether a kind of this request is made of the model's (pixel) output."""
+        return any(p.kind not in TOKEN_KINDS for p in self.products())
+
+    def add_tokens(self, row: int, col: int, tokens: Any) -> None:
+        """One patch's tokens (D, P / t, P / t), on the stitching thread.
+
+        Onto the token canvas (``embeddings``), and pooled into the patch embeddings.
+        """
+        self.token_channels = tokens.shape[0]
+        if self.token_canvas is not None:
+            self.token_canvas.add(row, col, tokens)
+        for product in self.products():
+            if isinstance(product.sink, PatchEmbeddingSink):
+                pooled = (
+                    tokens.mean(axis=(1, 2))
+                    if isinstance(tokens, np.ndarray)
+                    else (tokens.mean(dim=(1, 2)).cpu().numpy())
+                )
+                product.sink.add_patch(row, col, self.ctx.grid.core_window(row, col), pooled)
+
     def row_reducer(self) -> Callable[[torch.Tensor], torch.Tensor] | None:
         """What runs on finished rows stitched on the device before they are copied back.
 
@@ -294,11 +333,17 @@ class Request:
         """One band of finished rows as output values (on the writer thread)."""
         return self.out_proc.finalize(band.data, band.valid, self.ctx)
 
-    def write_band(self, band: RowBand) -> None:
-        """One band of finished rows into every output kind's sink (on the writer thread)."""
-        assert self.sink is not None
-        targets = [(self.to_raster, self.sink)]
-        targets += [(partial(self._finalize, p.proc), p.sink) for p in self.more_outputs]
+    def write_band(self, band: RowBand, tokens: bool = False) -> None:
+        """One band of finished rows into the sinks it feeds (on the writer thread).
+
+        ``tokens``: rows of the token canvas, for the ``embeddings`` kind; else the model's
+        output rows, for every pixel kind.
+        """
+        targets = []
+        for i, p in enumerate(self.products()):
+            if (p.kind == "embeddings") != tokens or p.kind == "patch-embeddings":
+                continue
+            targets.append((self.to_raster if i == 0 else partial(self._finalize, p.proc), p.sink))
         for make, sink in targets:
             t0 = time.perf_counter()
             raster = make(band)

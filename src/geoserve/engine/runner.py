@@ -53,6 +53,9 @@ class BatchOutput:
         host: ``out`` copied to the host, when some patch's canvas is there.
         seconds: Model time per patch.
         error: Instead of outputs: why the forward pass failed on these patches.
+        tokens: (B, D, P / t, P / t) float32 encoder tokens, when a request of the batch asked
+            for an embeddings kind (on the device).
+        host_tokens: ``tokens`` copied to the host, when some patch's canvas is there.
     """
 
     patches: list[Patch]
@@ -60,6 +63,8 @@ class BatchOutput:
     host: NDArray[np.float32] | None = None
     seconds: float = 0.0
     error: GeoServeError | None = None
+    tokens: torch.Tensor | None = None
+    host_tokens: NDArray[np.float32] | None = None
 
 
 class ModelRunner:
@@ -72,6 +77,7 @@ class ModelRunner:
         dtype: Autocast dtype; ``None`` runs float32.
         compiled: Pad batches to ``max_batch_patches`` (one graph for every batch).
         max_batch_patches: The batch cap; lowered when the device runs out of memory.
+        embedding_layer: The encoder block whose tokens embeddings kinds take.
     """
 
     def __init__(
@@ -83,7 +89,9 @@ class ModelRunner:
         *,
         compiled: bool,
         max_batch_patches: int,
+        embedding_layer: int = -1,
     ) -> None:
+        self.embedding_layer = embedding_layer
         self.model = model
         self.name = name
         self.device = device
@@ -103,7 +111,7 @@ class ModelRunner:
             ModelExecutionError, ProcessorMismatchError: the model does not fit its processors.
         """
         try:
-            out = self.forward([patch])
+            out, _ = self.forward([patch])
         except ModelExecutionError as exc:
             if in_proc.in_channels is None:
                 logger.warning(
@@ -161,12 +169,15 @@ class ModelRunner:
         t0 = time.perf_counter()
         host: NDArray[np.float32] | None = None
         error: GeoServeError | None = None
+        host_tokens: NDArray[np.float32] | None = None
         try:
-            out = self.forward_fitting(batch)
+            out, tokens = self.forward_fitting(batch)
             if any(p.request.canvas.device is None for p in batch):
                 # one copy of the batch back to the host; on a GPU this is also where an
                 # asynchronous error of the forward pass surfaces, so it is retried like one
                 host = cast(NDArray[np.float32], out.cpu().numpy())
+                if tokens is not None:
+                    host_tokens = cast(NDArray[np.float32], tokens.cpu().numpy())
         except Exception as exc:
             if len(batch) == 1:
                 error = self._patch_failed(batch[0], exc)
@@ -175,7 +186,8 @@ class ModelRunner:
                     "forward pass of %d patches failed (%r); retrying each half", len(batch), exc
                 )
         else:
-            yield BatchOutput(batch, out, host, (time.perf_counter() - t0) / len(batch))
+            seconds = (time.perf_counter() - t0) / len(batch)
+            yield BatchOutput(batch, out, host, seconds, None, tokens, host_tokens)
             return
         if error is not None:
             yield BatchOutput(batch, error=error)
@@ -200,7 +212,7 @@ class ModelRunner:
             f"model {self.name!r} failed on a patch of this request ({name}): {exc!r}"
         )
 
-    def forward_fitting(self, batch: list[Patch]) -> torch.Tensor:
+    def forward_fitting(self, batch: list[Patch]) -> tuple[torch.Tensor, torch.Tensor | None]:
         """:meth:`forward`, splitting the batch in two while the device runs out of memory."""
         try:
             return self.forward(batch)
@@ -217,11 +229,16 @@ class ModelRunner:
             self.max_batch_patches = half
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
-        parts = [self.forward_fitting(batch[:half]), self.forward_fitting(batch[half:])]
-        return torch.cat(parts)
+        (a, ta), (b, tb) = self.forward_fitting(batch[:half]), self.forward_fitting(batch[half:])
+        tokens = torch.cat([ta, tb]) if ta is not None and tb is not None else None
+        return torch.cat([a, b]), tokens
 
-    def forward(self, batch: list[Patch]) -> torch.Tensor:
-        """One forward pass: (B, C_out, P, P) float32 on the model's device."""
+    def forward(self, batch: list[Patch]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One forward pass: (B, C_out, P, P) float32 on the model's device.
+
+        With it the encoder's (B, D, P / t, P / t) tokens, when a request of the batch asked
+        for them (else None).
+        """
         first = batch[0].data
         x: Any
         if isinstance(first, Mapping):  # a multimodal model: one batch per modality
@@ -237,13 +254,8 @@ class ModelRunner:
             padded = self.max_batch_patches
             x = _pad(x, padded - n)
             kwargs = {k: _pad(v, padded - n) for k, v in kwargs.items()}
-        try:
-            with torch.inference_mode(), self.autocast():
-                y = self.model(x, **kwargs)
-        except (torch.OutOfMemoryError, GeoServeError):
-            raise
-        except Exception as exc:
-            raise self.model_failed(batch[0].request.ctx, x, exc) from exc
+        want_tokens = any(getattr(p.request, "wants_tokens", False) for p in batch)
+        y, tokens = self._call(batch, x, kwargs, want_tokens)
         if isinstance(y, tuple | list):
             y = y[0]
         if not isinstance(y, torch.Tensor):
@@ -260,7 +272,38 @@ class ModelRunner:
                 f"model {self.name!r} returned shape {tuple(y.shape)} for input "
                 f"{_shape(x)}; expected (batch={n}, channels, {p}, {p})"
             )
-        return y.float()
+        if tokens is not None:
+            tokens = self._check_tokens(tokens[:n], batch, x)
+        return y.float(), tokens
+
+    def _call(
+        self, batch: list[Patch], x: Any, kwargs: dict[str, Any], want_tokens: bool
+    ) -> tuple[Any, torch.Tensor | None]:
+        """The model on ``x``: its output, and its tokens when ``want_tokens``."""
+        try:
+            with torch.inference_mode(), self.autocast():
+                if want_tokens:
+                    y, tokens = self.model.forward_with_tokens(  # type: ignore[operator]
+                        x, layer=self.embedding_layer, **kwargs
+                    )
+                    return y, tokens
+                return self.model(x, **kwargs), None
+        except (torch.OutOfMemoryError, GeoServeError):
+            raise
+        except Exception as exc:
+            raise self.model_failed(batch[0].request.ctx, x, exc) from exc
+
+    def _check_tokens(self, tokens: torch.Tensor, batch: list[Patch], x: Any) -> torch.Tensor:
+        """The tokens a model returned: (B, D, P / t, P / t), as float32."""
+        req = batch[0].request
+        t = getattr(req, "token_size", None) or 1
+        p = req.ctx.grid.patch_size // t
+        if tokens.ndim != 4 or tokens.shape[0] != len(batch) or tuple(tokens.shape[-2:]) != (p, p):
+            raise ModelOutputShapeError(
+                f"model {self.name!r} returned tokens of shape {tuple(tokens.shape)} for input "
+                f"{_shape(x)}; expected (batch={len(batch)}, D, {p}, {p}) for {t}-pixel tokens"
+            )
+        return tokens.float()
 
     def model_failed(
         self, ctx: RasterContext, x: torch.Tensor, exc: Exception

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from geoserve.models.prithvi.encoder import PrithviViT
+from geoserve.models.prithvi.encoder import PrithviViT, layer_tokens
 from geoserve.models.prithvi.variants import (
     PRITHVI_BANDS,
     S2_L1C_PRITHVI_INDICES,
@@ -60,10 +60,19 @@ class DemoWater(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """(B, 6, H, W) normalised bands (H, W multiples of 16) -> (B, 2, H, W) logits."""
+        return self.forward_with_tokens(x)[0]
+
+    def forward_with_tokens(
+        self, x: torch.Tensor, *, layer: int = -1
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The logits, and block ``layer``'s tokens (B, 128, H / 16, W / 16) (embeddings)."""
         h, w = x.shape[-2] // 16, x.shape[-1] // 16
-        tokens = self.encoder(x)[:, 1:]
-        grid = tokens.transpose(1, 2).reshape(x.shape[0], -1, h, w)
-        return self.head(torch.cat([self.decoder(grid), self.skip(x)], dim=1))
+        features = self.encoder.forward_features(x)
+        grid = layer_tokens(features, -1, 1, h, w)
+        logits = self.head(torch.cat([self.decoder(grid), self.skip(x)], dim=1))
+        if layer in (-1, len(features) - 1):
+            return logits, grid
+        return logits, layer_tokens(features, layer, 1, h, w)
 
 
 def weights_path() -> Path:
@@ -81,6 +90,7 @@ def model_card() -> dict[str, Any]:
 @MODEL_REGISTRY.register_model(
     "demo-water",
     description="tiny Prithvi-architecture water model trained on the bundled scene (demo)",
+    token_size=16,
 )
 @INPUT_REGISTRY.register_input_processor(
     GeoTiffPatcher(

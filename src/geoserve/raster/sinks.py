@@ -137,13 +137,13 @@ def make_sink(
 
 
 #: The file suffix of each output kind written as a vector file; every other kind is a GeoTIFF.
-KIND_SUFFIX = {"polygons": ".parquet"}
+KIND_SUFFIX = {"polygons": ".parquet", "patch-embeddings": ".parquet"}
 #: Suffixes taken off an output path used as a stem for several kinds.
 OUTPUT_SUFFIXES = (".tif", ".tiff", ".parquet", ".geoparquet", ".geojson", ".json", ".gpkg")
 
 
 def kind_suffix(kind: str) -> str:
-    """The default file suffix of ``kind``'s output (``.tif``, or ``.parquet`` for polygons)."""
+    """The default file suffix of ``kind``'s output: ``.tif``, ``.parquet`` for vector kinds."""
     return KIND_SUFFIX.get(kind, ".tif")
 
 

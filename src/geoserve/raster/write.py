@@ -47,6 +47,8 @@ class OutputRaster:
     colormap: Mapping[int, tuple[int, int, int, int]] | None = None
     tags: Mapping[str, str] = field(default_factory=dict)
     categories: Sequence[str] = ()
+    nbits: int | None = None
+    """Bits per stored value when fewer than the dtype's (16: float32 kept as half floats)."""
 
 
 def output_profile(
@@ -77,6 +79,8 @@ def output_profile(
         "BIGTIFF": "IF_SAFER",
         "NUM_THREADS": WRITE_THREADS,
     }
+    if out.nbits is not None:
+        profile["NBITS"] = out.nbits
     if source_profile.get("crs") is not None:
         profile["crs"] = source_profile["crs"]
     transform = source_profile.get("transform")

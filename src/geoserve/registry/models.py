@@ -37,6 +37,9 @@ class ModelSpec:
         loads_weights: The factory takes the weights path itself (``factory(weights)``), for
             models whose checkpoints need their own loader (Prithvi); otherwise the engine
             loads a plain state dict into ``factory()``.
+        token_size: Pixels per side of the encoder's patch tokens, for a model whose module
+            provides ``forward_with_tokens`` (see :mod:`geoserve.processors.embeddings`): it
+            can also produce the ``embeddings`` and ``patch-embeddings`` kinds.
     """
 
     name: str
@@ -45,6 +48,7 @@ class ModelSpec:
     weights_required: bool = False
     weights_hint: str = ""
     loads_weights: bool = False
+    token_size: int | None = None
 
     @property
     def key(self) -> str:
@@ -66,13 +70,16 @@ class ModelRegistry(Registry[ModelSpec]):
         weights_required: bool = False,
         weights_hint: str = "",
         loads_weights: bool = False,
+        token_size: int | None = None,
         override: bool = False,
     ) -> Callable[[F], F]:
-        """Decorator registering a model factory under ``name``."""
+        """Decorator registering a model factory under ``name`` (fields as :class:`ModelSpec`)."""
 
         def decorator(factory: F) -> F:
             doc = description or (factory.__doc__ or "").strip().split("\n")[0]
-            spec = ModelSpec(name, factory, doc, weights_required, weights_hint, loads_weights)
+            spec = ModelSpec(
+                name, factory, doc, weights_required, weights_hint, loads_weights, token_size
+            )
             self.add(name, spec, override=override)
             return factory
 

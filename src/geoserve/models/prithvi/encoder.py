@@ -29,9 +29,12 @@ from typing import Any
 
 import numpy as np
 import torch
+from einops import rearrange
 from numpy.typing import NDArray
 from timm.models.vision_transformer import Block
 from torch import nn
+
+from geoserve.errors import ConfigError
 
 
 def sincos_1d(dim: int, positions: NDArray[Any]) -> NDArray[np.float64]:
@@ -92,6 +95,26 @@ def resize_pos_embed(
     )
     tokens = tokens.permute(0, 2, 3, 1).reshape(1, -1, dim)
     return torch.cat([cls, tokens], dim=1)
+
+
+def layer_tokens(
+    features: list[torch.Tensor], layer: int, frames: int, h: int, w: int
+) -> torch.Tensor:
+    """Block ``layer``'s patch tokens as (B, D, h, w), CLS dropped, averaged over time frames.
+
+    ``layer`` indexes :meth:`PrithviViT.forward_features`' list (-1: the last block, normed).
+
+    Raises:
+        ConfigError: no such block (naming how many there are).
+    """
+    n = len(features)
+    if not -n <= layer < n:
+        raise ConfigError(
+            f"embedding_layer {layer}: the encoder has {n} blocks (0 to {n - 1}, or -1 for the "
+            "last)"
+        )
+    grid = rearrange(features[layer][:, 1:], "b (t h w) e -> b e t h w", t=frames, h=h, w=w)
+    return grid.mean(dim=2)
 
 
 class PatchEmbed(nn.Module):

@@ -29,6 +29,7 @@ import torch.nn.functional as F  # noqa: N812
 from einops import rearrange
 from torch import nn
 
+from geoserve.errors import ConfigError
 from geoserve.models.decoders import (
     ScalePyramid,
     SegmentationHead,
@@ -36,7 +37,7 @@ from geoserve.models.decoders import (
     UperNetDecoder,
     reflect_pad,
 )
-from geoserve.models.prithvi.encoder import PrithviViT
+from geoserve.models.prithvi.encoder import PrithviViT, layer_tokens
 
 __all__ = ["PrithviSegmentation"]
 
@@ -84,6 +85,31 @@ class PrithviSegmentation(nn.Module):
         location_coords: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Class logits at the input's full size."""
+        return self._run(x, temporal_coords, location_coords, None)[0]
+
+    def forward_with_tokens(
+        self,
+        x: torch.Tensor,
+        temporal_coords: torch.Tensor | None = None,
+        location_coords: torch.Tensor | None = None,
+        *,
+        layer: int = -1,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The logits, and block ``layer``'s patch tokens (the embeddings kinds).
+
+        Tokens are (B, D, H / 16, W / 16), averaged over time frames.
+        """
+        logits, tokens = self._run(x, temporal_coords, location_coords, layer)
+        assert tokens is not None
+        return logits, tokens
+
+    def _run(
+        self,
+        x: torch.Tensor,
+        temporal_coords: torch.Tensor | None,
+        location_coords: torch.Tensor | None,
+        layer: int | None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         h, w = x.shape[-2:]
         multiple = 2 * self.encoder.patch_size[1]
         pad_h, pad_w = (-h) % multiple, (-w) % multiple
@@ -104,4 +130,12 @@ class PrithviSegmentation(nn.Module):
             maps = pyramid.pyramid(maps)
         logits = self.head(self.decoder(maps))
         logits = F.interpolate(logits, size=x.shape[-2:], mode="bilinear")
-        return logits[..., top : top + h, left : left + w]
+        tokens = None
+        if layer is not None:
+            if pad_h or pad_w:  # the token grid would not line up with the input's pixels
+                raise ConfigError(
+                    f"embeddings from this model need patches of a multiple of {multiple} "
+                    f"pixels (got {h} x {w})"
+                )
+            tokens = layer_tokens(feats, layer, t, gh, gw)
+        return logits[..., top : top + h, left : left + w], tokens
