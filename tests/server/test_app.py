@@ -41,7 +41,8 @@ def test_health_and_models(server, client):
     model = body["data"][0]
     assert body["object"] == "list"
     assert model["id"] == "test-seg"
-    assert model["output"] == {"kind": "classes", "classes": ["a", "b", "c", "d"]}
+    assert model["output"]["kind"] == "classes"
+    assert model["output"]["classes"] == ["a", "b", "c", "d"]
     assert model["input"]["patch_size"] == 16
 
 
