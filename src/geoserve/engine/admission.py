@@ -20,7 +20,13 @@ from typing import TYPE_CHECKING, Any, cast
 
 from geoserve.config import EngineConfig
 from geoserve.engine.limits import check_request, warn_if_disk_short
-from geoserve.engine.request import Product, Request
+from geoserve.engine.products import (
+    Product,
+    kinds_offered,
+    output_processors,
+    product_sink,
+)
+from geoserve.engine.request import Request
 from geoserve.engine.scheduler import Scheduler
 from geoserve.engine.stac_inputs import StacPlan, stac_processor
 from geoserve.errors import (
@@ -32,19 +38,15 @@ from geoserve.errors import (
     prefixed,
 )
 from geoserve.processors.base import InputProcessor, OutputProcessor, RasterContext
-from geoserve.processors.embeddings import EmbeddingReassembler, token_grid, token_profile
+from geoserve.processors.embeddings import token_grid
 from geoserve.raster.dates import DateLike, request_dates
-from geoserve.raster.patch_embeddings import PatchEmbeddingSink
-from geoserve.raster.polygons import PolygonSink
-from geoserve.raster.sinks import OutputSink, make_sink, product_paths
+from geoserve.raster.sinks import OutputSink, product_paths
 from geoserve.raster.source import DataFormat, RasterLike, RasterSource, open_raster
 from geoserve.raster.stac_item import is_stac_input
 from geoserve.registry import ModelSpec
 from geoserve.schemas import (
     OUT_FORMATS,
-    OUTPUT_KINDS,
     TOKEN_KINDS,
-    VECTOR_KINDS,
     ImageRequestOutput,
     OutFormat,
 )
@@ -196,7 +198,7 @@ class Admission:
                 base = output_path or self.output_dir / f"{request_id}.tif"
                 paths = list(product_paths(base, kinds, named=named))
             for out_proc, path in zip(procs, paths, strict=True):
-                sinks.append(self._sink(out_proc, out_format, path, ctx))
+                sinks.append(product_sink(self.spec, self.config, out_proc, out_format, path, ctx))
         except BaseException as exc:
             for sink in sinks:
                 sink.abort()
@@ -265,40 +267,6 @@ class Admission:
             "(choose others with --bands on the command line, bands= in Python or "
             "options.bands over HTTP)"
         )
-
-    def _sink(
-        self, out_proc: OutputProcessor, out_format: OutFormat, path: Path | None, ctx: Any
-    ) -> OutputSink:
-        """The sink of one output kind: a raster sink, or for ``polygons`` a vector file.
-
-        Raises:
-            ConfigError: polygons asked for as a tensor, or named with a raster suffix.
-            OutputWriteError: the output directory does not exist.
-        """
-        grid = ctx.grid
-        kind = getattr(out_proc, "kind", None)
-        if kind in VECTOR_KINDS and out_format == "tensor":
-            raise ConfigError(
-                f"{kind} are a vector file: ask for them as a path, bytes or base64, not a tensor"
-            )
-        token = self.spec.token_size
-        if kind == "embeddings" and token:
-            profile = token_profile(ctx.profile, grid, token)
-            height, width = profile["height"], profile["width"]
-            return make_sink(out_format, path, profile, height, width, cog=self.config.cog)
-        if kind == "patch-embeddings":
-            return PatchEmbeddingSink(path, ctx.profile, grid.height, grid.width)
-        if kind in VECTOR_KINDS:
-            return PolygonSink(
-                path,
-                ctx.profile,
-                grid.height,
-                grid.width,
-                class_names=getattr(out_proc, "classes", ()),
-                min_area=self.config.min_area,
-            )
-        cog = self.config.cog
-        return make_sink(out_format, path, ctx.profile, grid.height, grid.width, cog=cog)
 
     def _stitch_device(self, out_procs: Sequence[OutputProcessor]) -> torch.device | None:
         """Where a request's canvas lives: on the device with ``preprocess="device"``.
@@ -369,24 +337,8 @@ class Admission:
         )
 
     def kinds_offered(self) -> tuple[str, ...]:
-        """Every output kind this model can produce.
-
-        Its output processor's, and the embeddings kinds for a model registered with a
-        ``token_size``.
-        """
-        base = self.out_procs[0] if self.out_procs else self.out_proc
-        kinds = getattr(base, "kinds", None) or (base.kind,)
-        own = tuple(k for k in kinds if k not in TOKEN_KINDS)
-        return own + (TOKEN_KINDS if self.spec.token_size else ())
-
-    def _check_token_model(self) -> None:
-        """A model registered with a ``token_size`` must give its tokens (once it is built)."""
-        model = getattr(self, "model", None)
-        if model is not None and not callable(getattr(model, "forward_with_tokens", None)):
-            raise ConfigError(
-                f"model {self.spec.name!r} is registered with token_size but its module has "
-                "no forward_with_tokens (see geoserve.processors.embeddings)"
-            )
+        """Every output kind this model can produce (see :mod:`geoserve.engine.products`)."""
+        return kinds_offered(self.spec, self.out_procs[0] if self.out_procs else self.out_proc)
 
     def output_processors(self, kinds: str | Sequence[str]) -> tuple[OutputProcessor, ...]:
         """The model's output processor for each of ``kinds`` (text: comma-separated).
@@ -395,35 +347,8 @@ class Admission:
             ConfigError: an unknown kind, a kind this model cannot produce (naming the ones it
                 can), a kind asked twice, or no kind.
         """
-        names = [k.strip() for k in kinds.split(",")] if isinstance(kinds, str) else list(kinds)
-        if not names:
-            raise ConfigError("output_kind: give at least one kind")
-        twice = sorted({k for k in names if names.count(k) > 1})
-        if twice:
-            raise ConfigError(f"output_kind: {', '.join(twice)} asked for more than once")
-        offered = self.kinds_offered()
         base = self.out_procs[0] if self.out_procs else self.out_proc
-        procs: list[OutputProcessor] = []
-        for kind in names:
-            if kind not in OUTPUT_KINDS:
-                raise ConfigError(
-                    f"invalid output kind {kind!r}; choose one of {', '.join(OUTPUT_KINDS)}"
-                )
-            if kind not in offered:
-                raise ConfigError(
-                    f"model {self.spec.name!r} cannot produce {kind!r} output; it offers "
-                    f"{', '.join(offered)}"
-                )
-            if kind in TOKEN_KINDS:
-                self._check_token_model()
-                cfg = self.config
-                procs.append(EmbeddingReassembler(kind, cfg.embedding_layer, cfg.embedding_dtype))  # type: ignore[arg-type]
-            else:
-                try:
-                    procs.append(base.for_kind(kind))
-                except ConfigError as exc:
-                    raise ConfigError(f"model {self.spec.name!r}: {exc}") from None
-        return tuple(procs)
+        return output_processors(self.spec, base, kinds, self.config, getattr(self, "model", None))
 
     def admit(self, request: Request) -> None:
         """Queue a prepared request: lower ``priority`` first, then arrival order."""

@@ -39,10 +39,11 @@ from geoserve.engine.limits import (
 )
 from geoserve.engine.model_loader import build_model, resolve_model
 from geoserve.engine.output import OutputStage
-from geoserve.engine.request import Patch, TensorRequest
+from geoserve.engine.request import Patch
 from geoserve.engine.runner import ModelRunner
 from geoserve.engine.runner import resolve_dtype as _resolve_dtype
 from geoserve.engine.scheduler import Scheduler
+from geoserve.engine.tensor_request import TensorRequest
 from geoserve.errors import (
     ConfigError,
     GeoServeError,

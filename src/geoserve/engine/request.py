@@ -1,11 +1,13 @@
-"""One request's state inside the engine: its inputs, plan, queued patches, canvas and sink.
+"""One request's state inside the engine: its inputs, plan, queued patches, canvases and sinks.
 
 Everything per request lives here (and in its frozen :class:`RasterContext`), never on a
 processor, so one processor instance serves any number of concurrent requests.
 
-Two kinds: a :class:`Request` (a raster in, an output raster out, through its output
-processor) and a :class:`TensorRequest` (:meth:`Engine.transform`: a tensor in, the model's
-blended raw values out). The engine treats both alike; what differs is asked of the request.
+A :class:`Request` is a raster in and its output kinds out (:mod:`geoserve.engine.products`):
+the model's output stitched on its canvas feeds every pixel kind, the encoder's tokens stitched
+on a token canvas the ``embeddings`` kind. The other kind of request,
+:class:`~geoserve.engine.tensor_request.TensorRequest` (:meth:`Engine.transform`), subclasses
+it; the engine treats both alike, and what differs is asked of the request.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import torch
 
 from geoserve.engine.canvas import Canvas, RowBand
 from geoserve.engine.prefetch import RowPrefetcher
+from geoserve.engine.products import Product
 from geoserve.errors import GeoServeError
 from geoserve.processors.base import (
     InputProcessor,
@@ -60,15 +63,6 @@ class Patch:
     row: int
     col: int
     data: ModelInput
-
-
-@dataclass
-class Product:
-    """One output kind of a request: its output processor and its sink."""
-
-    kind: str
-    proc: OutputProcessor
-    sink: OutputSink
 
 
 @dataclass
@@ -423,49 +417,6 @@ class Request:
         self.queue.clear()
         if interrupted is not None:
             raise interrupted
-
-
-@dataclass
-class TensorRequest(Request):
-    """A request of :meth:`Engine.transform`: a tensor in, the blended raw output back.
-
-    The tensor is already normalised, and no output processor runs on the model's output.
-
-    ``tensor_shape`` is the (C, T) shape its patches are unfolded to before the model (they
-    are read as one raster of C x T bands).
-    """
-
-    tensor_shape: tuple[int, ...] = ()
-
-    def patch_shape(self, p: int) -> tuple[int, ...]:
-        """(*tensor_shape, P, P)."""
-        return (*self.tensor_shape, p, p)
-
-    def _model_layout(self, patches: ModelInput) -> Sequence[ModelInput]:
-        assert not isinstance(patches, Mapping)
-        if not len(patches):
-            return patches  # type: ignore[return-value]
-        return patches.reshape(len(patches), *self.tensor_shape, *patches.shape[-2:])  # type: ignore[return-value]
-
-    def row_reducer(self) -> None:
-        """None: raw values come back unreduced."""
-        return
-
-    def to_raster(self, band: RowBand) -> OutputRaster:
-        """The blended values as they are."""
-        return OutputRaster(band.data)
-
-    def result(
-        self,
-        output: ImageOutput | None = None,
-        error: GeoServeError | None = None,
-        by_kind: dict[str, ImageOutput] | None = None,
-    ) -> TensorRequestOutput:
-        """The outcome as a :class:`TensorRequestOutput` (the output's tensor)."""
-        tensor = output.tensor if output is not None else None
-        return TensorRequestOutput(
-            self.request_id, True, tensor, error, self.num_patches, self.timings
-        )
 
 
 def _settle(fut: Future[None]) -> None:

@@ -1,0 +1,61 @@
+"""The request of :meth:`Engine.transform`: an already-normalised tensor in, raw values out.
+
+It goes through the same grid, batching and stitching as a raster request
+(:class:`~geoserve.engine.request.Request`); what differs is asked of it: its patch shape,
+that no output processor runs (:meth:`TensorRequest.to_raster`) and its result.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from geoserve.engine.canvas import RowBand
+from geoserve.engine.request import Request
+from geoserve.errors import GeoServeError
+from geoserve.processors.base import ModelInput
+from geoserve.raster.write import OutputRaster
+from geoserve.schemas import ImageOutput, TensorRequestOutput
+
+
+@dataclass
+class TensorRequest(Request):
+    """A request of :meth:`Engine.transform`: a tensor in, the blended raw output back.
+
+    The tensor is already normalised, and no output processor runs on the model's output.
+
+    ``tensor_shape`` is the (C, T) shape its patches are unfolded to before the model (they
+    are read as one raster of C x T bands).
+    """
+
+    tensor_shape: tuple[int, ...] = ()
+
+    def patch_shape(self, p: int) -> tuple[int, ...]:
+        """(*tensor_shape, P, P)."""
+        return (*self.tensor_shape, p, p)
+
+    def _model_layout(self, patches: ModelInput) -> Sequence[ModelInput]:
+        assert not isinstance(patches, Mapping)
+        if not len(patches):
+            return patches  # type: ignore[return-value]
+        return patches.reshape(len(patches), *self.tensor_shape, *patches.shape[-2:])  # type: ignore[return-value]
+
+    def row_reducer(self) -> None:
+        """None: raw values come back unreduced."""
+        return
+
+    def to_raster(self, band: RowBand) -> OutputRaster:
+        """The blended values as they are."""
+        return OutputRaster(band.data)
+
+    def result(
+        self,
+        output: ImageOutput | None = None,
+        error: GeoServeError | None = None,
+        by_kind: dict[str, ImageOutput] | None = None,
+    ) -> TensorRequestOutput:
+        """The outcome as a :class:`TensorRequestOutput` (the output's tensor)."""
+        tensor = output.tensor if output is not None else None
+        return TensorRequestOutput(
+            self.request_id, True, tensor, error, self.num_patches, self.timings
+        )
