@@ -62,6 +62,7 @@ def _segmentation(weights: str | Path, name: str, decoder: str, classes: int) ->
     description="Prithvi-EO-2.0-300M-TL fine-tuned on Sen1Floods11: water map",
     weights_required=True,
     loads_weights=True,
+    token_size=16,  # its encoder's patch tokens: the embeddings kinds
     weights_hint=(
         f"Prithvi-EO-V2-300M-TL-Sen1Floods11.pt from {HF}/Prithvi-EO-2.0-300M-TL-Sen1Floods11, "
         "downloaded on a machine that can reach it"
@@ -96,6 +97,7 @@ def sen1floods11(weights: str | Path) -> nn.Module:
     description="Prithvi-EO-1.0-100M MAE: reconstruction of 3 HLS dates",
     weights_required=True,
     loads_weights=True,
+    token_size=16,  # its encoder's patch tokens: the embeddings kinds
     weights_hint=(
         f"Prithvi_EO_V1_100M.pt from {HF}/Prithvi-EO-1.0-100M, downloaded on a machine "
         "that can reach it"
@@ -130,6 +132,7 @@ def eo1_100m(weights: str | Path) -> nn.Module:
     description="Prithvi-EO-2.0-300M fine-tuned on HLS burn scars (UNet): burn scar map",
     weights_required=True,
     loads_weights=True,
+    token_size=16,  # its encoder's patch tokens: the embeddings kinds
     weights_hint=(
         f"Prithvi_EO_V2_300M_BurnScars.pt from {HF}/Prithvi-EO-2.0-300M-BurnScars, "
         "downloaded on a machine that can reach it"
@@ -161,6 +164,7 @@ def burnscars(weights: str | Path) -> nn.Module:
     description="Prithvi-EO-2.0-300M-TL multi-temporal crop classification: 13 classes",
     weights_required=True,
     loads_weights=True,
+    token_size=16,  # its encoder's patch tokens: the embeddings kinds
     weights_hint=(
         f"Prithvi_EO_V2_300M_TL_Crops.pt from {HF}/Prithvi-EO-2.0-300M-TL-Crops (or a "
         "TerraTorch fine-tune of it), downloaded on a machine that can reach it"

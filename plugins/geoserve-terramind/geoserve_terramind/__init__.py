@@ -64,6 +64,7 @@ def _load(weights: str | Path, name: str, modalities: dict[str, int], classes: i
     description="TerraMind v1 fine-tuned on Sen1Floods11 (S2 L1C + S1 GRD, either optional): water",
     weights_required=True,
     loads_weights=True,
+    token_size=16,  # its encoder's patch tokens: the embeddings kinds
     weights_hint=(
         "a TerraTorch fine-tune of TerraMind v1 on Sen1Floods11 (backbone_modalities "
         f"[S2L1C, S1GRD], 2 classes), e.g. trained from {HF}/TerraMind-1.0-base"
@@ -88,6 +89,7 @@ def sen1floods11(weights: str | Path) -> nn.Module:
     description="TerraMind v1 fine-tuned on Sentinel-2 L2A alone (12 bands): water",
     weights_required=True,
     loads_weights=True,
+    token_size=16,  # its encoder's patch tokens: the embeddings kinds
     weights_hint=(
         "a TerraTorch fine-tune of TerraMind v1 with backbone_modalities [S2L2A] and 2 classes, "
         f"e.g. trained from {HF}/TerraMind-1.0-base"

@@ -54,6 +54,10 @@ from geoserve.schemas import (
 
 logger = logging.getLogger(__name__)
 
+#: Token width assumed for a request's memory before the model has returned tokens (the widest
+#: served encoder: Prithvi-EO-2.0-600M, 1280).
+TOKEN_WIDTH_BOUND = 1280
+
 
 @dataclass
 class Patch:
@@ -181,7 +185,9 @@ class Request:
         - for an input warped onto the grid, the warper's buffer: the input window one block
           of the grid covers (:meth:`RasterSource.warp_bytes`; all of a much finer input);
         - the canvas: ``min(P + S, H)`` rows of ``W`` float32 values per output channel, and
-          the weights;
+          the weights; for an embeddings kind, the token canvas too (the same rows on the
+          token grid, ``D`` values per token, ``D`` taken as :data:`TOKEN_WIDTH_BOUND` until
+          the model has said);
         - each output kind held whole in memory (bytes, base64, tensor): ``H x W`` values per
           output channel (1 byte for class maps, else 4), a third more as base64;
 
@@ -200,13 +206,20 @@ class Request:
         channels = self.out_proc.out_channels or values
         canvas = min(p + s, g.height) * g.width * (channels + 1) * 4
         cache += sum(src.warp_bytes(bands) for src, bands in self.reads())
+        if self.token_size:  # the token canvas, D channels over the token grid's rows
+            t, d = self.token_size, self.token_channels or TOKEN_WIDTH_BOUND
+            canvas += -(-min(p + s, g.height) // t) * -(-g.width // t) * (d + 1) * 4
         whole = 0
         if self.out_format != "path":
             for product in self.products():
                 kind = getattr(product.proc, "kind", None)
                 size = 1 if kind in ("classes", "polygons") else 4
                 n = 1 if kind in ("classes", "polygons", "confidence") else channels
-                whole += g.height * g.width * n * size * (7 if self.out_format == "b64" else 3)
+                pixels = g.height * g.width
+                if kind in TOKEN_KINDS:  # D values per token (per patch: few)
+                    t, n = self.token_size or 1, self.token_channels or TOKEN_WIDTH_BOUND
+                    pixels = -(-g.height // t) * -(-g.width // t)
+                whole += pixels * n * size * (7 if self.out_format == "b64" else 3)
             whole //= 3
         return rows + cache + canvas + whole
 

@@ -104,8 +104,11 @@ def register_configured(
             return MODEL_REGISTRY.get(name)
         if name in MODEL_REGISTRY:
             raise RegistryError(f"model {name!r} is already registered; choose another name")
+        token_size = None
         if _is_terramind(cfg):
             from geoserve.models.terramind.configured import terramind_processors
+
+            token_size = 16  # its encoder's patch tokens: the embeddings kinds
 
             in_proc, out_proc, describe = terramind_processors(cfg)
             factory = _terramind_factory(name, cfg, ckpt, describe)
@@ -120,6 +123,7 @@ def register_configured(
             weights_required=ckpt is None,
             weights_hint=f"the checkpoint of the fine-tune {cfg} describes",
             loads_weights=True,
+            token_size=token_size,
         )(factory)
         INPUT_REGISTRY.register_input_processor(in_proc)(factory)
         OUTPUT_REGISTRY.register_output_processor(out_proc)(factory)

@@ -170,3 +170,25 @@ def test_http_modality_dict_equals_offline(scene, server: str) -> None:
     engine = Engine(MODEL, weights=scene["weights"])
     want = engine.generate_image(dict(data), out_format="tensor").outputs.tensor
     np.testing.assert_array_equal(got, np.asarray(want).reshape(got.shape))
+
+
+def test_embeddings_are_the_merged_encoder_tokens(scene, tmp_path: Path) -> None:
+    """One pass gives the class map and the encoder's tokens on the 16-pixel token grid."""
+    root = scene["root"]
+    kinds = ["classes", "embeddings", "patch-embeddings"]
+    options = {"stride": 224, "blend": "none", "output_kind": kinds}
+    with Engine(MODEL, weights=scene["weights"], **options) as engine:
+        result = engine.generate_image({"S2L1C": str(root / "s2.tif")}, output_path=tmp_path / "t")
+    with rasterio.open(result.outputs_by_kind["embeddings"].path) as src:
+        tokens = src.read()
+        assert src.transform == s2_transform() @ rasterio.Affine.scale(16)
+    info = MODALITIES["S2L1C"]
+    mean, std = (np.array(v, "float32")[:, None, None] for v in (info.mean, info.std))
+    x = torch.from_numpy((scene["s2"].astype("float32") - mean) / std)[None]
+    with torch.no_grad():
+        last = scene["model"].encoder({"S2L1C": x})[-1][0]
+    by_hand = last.T.reshape(-1, SIZE // 16, SIZE // 16).numpy()
+    assert tokens.shape == by_hand.shape == (192, 14, 14)  # TerraMind tiny: 192 wide
+    np.testing.assert_allclose(tokens, by_hand, rtol=1e-4, atol=1e-5)
+    pooled = result.outputs_by_kind["patch-embeddings"]
+    assert pooled.count == 1  # one patch, one row

@@ -21,6 +21,7 @@ import torch.nn.functional as F  # noqa: N812
 from einops import rearrange
 from torch import nn
 
+from geoserve.errors import ConfigError
 from geoserve.models.decoders import ScalePyramid, SegmentationHead, UNetDecoder, UperNet
 from geoserve.models.terramind.encoder import TerraMindEncoder
 
@@ -203,6 +204,23 @@ class TerraMindSegmentation(nn.Module):
 
     def forward(self, x: Mapping[str, torch.Tensor] | torch.Tensor) -> torch.Tensor:
         """Class logits at the input's size; a bare tensor is the first modality."""
+        return self._run(x, None)[0]
+
+    def forward_with_tokens(
+        self, x: Mapping[str, torch.Tensor] | torch.Tensor, *, layer: int = -1
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The logits, and layer ``layer``'s merged tokens (B, D, H / 16, W / 16).
+
+        The tokens are the encoder's output after the modalities are merged (mean, max or
+        concatenated), the last layer normed: what the decoder's necks take.
+        """
+        logits, tokens = self._run(x, layer)
+        assert tokens is not None
+        return logits, tokens
+
+    def _run(
+        self, x: Mapping[str, torch.Tensor] | torch.Tensor, layer: int | None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         if isinstance(x, torch.Tensor):
             x = {self.modalities[0]: x}
         sizes = {tuple(t.shape[-2:]) for t in x.values()}
@@ -216,6 +234,20 @@ class TerraMindSegmentation(nn.Module):
             x = {m: F.pad(t, pads, mode="reflect") for m, t in x.items()}
         hp, wp = h + pad_h, w + pad_w
         features = self.encoder(x)
+        tokens = None
+        if layer is not None:
+            n = len(features)
+            if not -n <= layer < n:
+                raise ConfigError(
+                    f"embedding_layer {layer}: the encoder has {n} layers (0 to {n - 1}, or -1 "
+                    "for the last)"
+                )
+            if pad_h or pad_w:  # the token grid would not line up with the input's pixels
+                raise ConfigError(
+                    f"embeddings from this model need patches of a multiple of 32 pixels "
+                    f"(got {h} x {w})"
+                )
+            tokens = rearrange(features[layer], "b (h w) d -> b d h w", h=hp // 16, w=wp // 16)
         for neck in self.neck:
             if isinstance(neck, TokensToImage):
                 features = neck(features, (hp // 16, wp // 16))
@@ -224,4 +256,4 @@ class TerraMindSegmentation(nn.Module):
         logits = self.head(self.decoder(features))
         if logits.shape[-2:] != (hp, wp):
             logits = F.interpolate(logits, size=(hp, wp), mode="bilinear")
-        return logits[..., top : top + h, left : left + w]
+        return logits[..., top : top + h, left : left + w], tokens
