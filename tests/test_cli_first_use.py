@@ -138,7 +138,8 @@ def test_models_fits_100_columns_and_shortens_long_class_lists():
     lines = res.stdout.splitlines()
     assert max(len(line) for line in lines) <= 100
     assert lines[0].split() == ["MODEL", "PLUGIN", "BANDS", "OUTPUT", "WEIGHTS"]
-    rows = {line.split()[0]: line for line in lines if not line.startswith(" ")}
+    table = lines[: lines.index("")]  # (below it: the output kinds each group offers)
+    rows = {line.split()[0]: line for line in table if not line.startswith(" ")}
     assert rows["ndwi-water"].split()[1:3] == ["geoserve", "B3,B8"]
     crops = rows["prithvi-eo2-300m-tl-crops"]
     assert " ".join(crops.split()[1:]) == "geoserve-prithvi 0-5 (3 dates) 13 classes required"

@@ -55,7 +55,7 @@ def flood_weights(tmp_path_factory) -> tuple:
 def test_models_lists_the_plugin():
     res = cli("models")
     assert res.returncode == 0
-    lines = {line.split()[0]: line for line in res.stdout.splitlines()[1:]}
+    lines = {line.split()[0]: line for line in res.stdout.splitlines()[1:] if line.strip()}
     assert "required" in lines["prithvi-eo2-300m-tl-sen1floods11"]
     assert "1-3,8,11,12" in lines["prithvi-eo2-300m-tl-sen1floods11"]
     assert "prithvi-eo1-100m" in lines
