@@ -241,3 +241,12 @@ def test_transform_and_warm_up_work_with_a_vector_kind(scene):
     assert out.ok
     assert out.tensors is not None
     assert out.tensors.shape == (4, 20, 20)
+
+
+def test_one_input_into_a_directory_is_named_after_the_input(scene, tmp_path):
+    (tmp_path / "here").mkdir()
+    with Engine("test-seg", output_kind=["classes", "confidence"]) as engine:
+        into_dir = engine.generate_image(scene, output_path=tmp_path / "here")
+        new_dir = engine.generate_image(scene, output_path=f"{tmp_path / 'new'}/")
+    assert into_dir.outputs_by_kind["confidence"].path == tmp_path / "here" / "scene_confidence.tif"
+    assert new_dir.outputs_by_kind["classes"].path == tmp_path / "new" / "scene_classes.tif"

@@ -21,6 +21,7 @@ own patches make it fail; the engine keeps serving.
 from __future__ import annotations
 
 import logging
+import os
 import uuid
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -311,9 +312,10 @@ class Engine(Admission):
 
         With several output kinds (``output_kind=["classes", "confidence"]``) each request
         writes one file per kind: a single input's ``output_path`` is their stem
-        (``out/scene`` gives ``out/scene_classes.tif``, ``out/scene_confidence.tif``), a list's
-        directory holds ``<input stem>_<kind>.tif`` (polygons: ``.parquet``); every kind's
-        output is in the result's ``outputs_by_kind``.
+        (``out/scene`` gives ``out/scene_classes.tif``, ``out/scene_confidence.tif``) unless
+        it is a directory (or ends with ``/``, created if missing), which like a list's holds
+        ``<input stem>_<kind>.tif`` (vector kinds: ``.parquet``); every kind's output is in
+        the result's ``outputs_by_kind`` (docs/outputs.md).
 
         A dict is one request of several modalities, each on its own grid:
         ``{"s2": "s2.tif", "s1": "s1.tif"}`` (each value one input, a list of its dates, or
@@ -356,9 +358,11 @@ class Engine(Admission):
     ) -> list[Path | None]:
         if out_format != "path" or output_path is None:
             return [None] * len(items)
-        if single:
-            return [Path(output_path)]
         kinds = [getattr(p, "kind", "raw") for p in self.out_procs]
+        directory = str(output_path).endswith(("/", os.sep)) or Path(output_path).is_dir()
+        if single and not (len(kinds) > 1 and directory):
+            return [Path(output_path)]
+        # a list, or several kinds of one input into a directory: named after each input
         return list(output_paths(items, output_path, kinds))
 
     def transform(self, tensors: Sequence[torch.Tensor]) -> list[TensorRequestOutput]:
