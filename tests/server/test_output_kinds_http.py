@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import base64
 import io
+from pathlib import Path
 
+import httpx
 import numpy as np
 import pyarrow.parquet as pq
 
 from geoserve import Engine
+from tests.engine.test_embeddings import _lake_square
+from tests.server.conftest import running_server
 from tests.server.test_app import b64, decode
 
 
@@ -109,3 +113,23 @@ def test_models_lists_the_kinds(client):
         "raw",
         "polygons",
     ]
+
+
+def test_embeddings_over_http_equal_offline(tmp_path):
+    square = _lake_square(tmp_path, 224)
+    body = {
+        "data": base64.b64encode(Path(square).read_bytes()).decode(),
+        "options": {"output_kinds": ["embeddings", "patch-embeddings", "classes"]},
+    }
+    with running_server(model="demo-water") as url:
+        resp = httpx.post(f"{url}/v1/images", json=body, timeout=120)
+    assert resp.status_code == 200, resp.text
+    outputs = resp.json()["outputs"]
+    assert list(outputs) == ["embeddings", "patch-embeddings", "classes"]
+    tokens, profile = decode(base64.b64decode(outputs["embeddings"]["data"]))
+    with Engine("demo-water", output_kind="embeddings") as engine:
+        offline = engine.generate_image(square, out_format="tensor").outputs.tensor.numpy()
+    assert tokens.shape == offline.shape == (128, 14, 14)
+    np.testing.assert_allclose(tokens, offline, rtol=1e-5, atol=1e-6)
+    table = pq.read_table(io.BytesIO(base64.b64decode(outputs["patch-embeddings"]["data"])))
+    assert table.num_rows == outputs["patch-embeddings"]["count"] == 4  # 224 px in 192 px cores
