@@ -20,7 +20,9 @@ def test_several_kinds_into_a_directory_equal_single_kind_runs(tmp_path):
         "-o",
         f"{out}/",
         "--output-kind",
-        "classes,confidence,polygons",
+        "classes,confidence,polygons,embeddings",
+        "--embedding-layer",
+        "0",
         "--min-area",
         "4",
         "--prefetch-rows",
@@ -43,6 +45,10 @@ def test_several_kinds_into_a_directory_equal_single_kind_runs(tmp_path):
         values = c.read(1)
         assert np.nanmin(values) >= 0.5
         assert np.nanmax(values) <= 1.0
+    with rasterio.open(out / f"{STEM}_embeddings.tif") as e, rasterio.open(LAKE) as src:
+        assert (e.count, e.width, e.height) == (128, 96, 48)  # 16-pixel tokens
+        assert e.transform == src.transform @ rasterio.Affine.scale(16)
+        assert e.tags()["EMBEDDING_LAYER"] == "0"
     table = pq.read_table(polygons)
     assert table.num_rows > 0
     assert set(table["class_name"].to_pylist()) == {"not water", "water"}
