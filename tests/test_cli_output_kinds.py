@@ -91,4 +91,7 @@ def test_models_lists_output_kinds():
     res = run("models")
     assert res.returncode == 0, res.stderr
     assert "output kinds (--output-kind" in res.stdout
-    assert "classes, probabilities, confidence, raw, polygons:" in res.stdout
+    assert "classes, probabilities, confidence, raw, polygons:" in res.stdout  # ndwi-water
+    # models with a token grid offer the embeddings kinds too
+    line = "classes, probabilities, confidence, raw, polygons, embeddings, patch-embeddings:"
+    assert line in res.stdout

@@ -74,6 +74,7 @@ class ModelEntry:
 def model_entries() -> list[ModelEntry]:
     """Every registered model (installed plugins loaded first), by name."""
     from geoserve.engine import resolve_model
+    from geoserve.engine.products import kinds_offered
     from geoserve.plugins import load_plugins
     from geoserve.registry import MODEL_REGISTRY
 
@@ -103,7 +104,7 @@ def model_entries() -> list[ModelEntry]:
                 entry.modalities = {m.name: list(m.bands) if m.bands else None for m in modalities}
             entry.patch_size = getattr(inp, "patch_size", None)
             entry.output = out.kind
-            entry.kinds = list(getattr(out, "kinds", None) or (out.kind,))
+            entry.kinds = list(kinds_offered(spec, out))
             entry.classes = list(getattr(out, "classes", ()) or ())
         entries.append(entry)
     return entries

@@ -15,7 +15,7 @@ import shapely
 import torch
 
 from geoserve import Engine
-from geoserve.errors import ConfigError
+from geoserve.errors import ConfigError, OutputWriteError
 from tests.conftest import read
 
 NODATA = 0
@@ -250,3 +250,53 @@ def test_one_input_into_a_directory_is_named_after_the_input(scene, tmp_path):
         new_dir = engine.generate_image(scene, output_path=f"{tmp_path / 'new'}/")
     assert into_dir.outputs_by_kind["confidence"].path == tmp_path / "here" / "scene_confidence.tif"
     assert new_dir.outputs_by_kind["classes"].path == tmp_path / "new" / "scene_classes.tif"
+
+
+def test_a_token_kind_first_leaves_every_kind_available(make_geotiff, tmp_path):
+    src = make_geotiff(bands=13, height=64, width=64)
+    with Engine("demo-water", output_kind=["embeddings", "classes"]) as engine:
+        result = engine.generate_image(src, output_path=tmp_path / "e")
+        assert list(result.outputs_by_kind) == ["embeddings", "classes"]
+        assert engine.prepare_request(src, output_kind=["confidence"]).out_proc.kind == "confidence"
+
+
+def test_requests_with_and_without_tokens_share_batches_cleanly(make_geotiff, caplog):
+    a, b = (
+        make_geotiff(bands=13, height=300, width=300),
+        make_geotiff(bands=13, height=300, width=300),
+    )
+    with Engine("demo-water", max_batch_patches=16) as engine:
+        plain = engine.prepare_request(a, output_kind=["classes"], out_format="tensor")
+        tokens = engine.prepare_request(
+            b, output_kind=["classes", "embeddings"], out_format="bytes"
+        )
+        engine.admit(plain)
+        engine.admit(tokens)
+        with caplog.at_level("WARNING"):
+            results = list(engine.run_until_done())
+    assert all(r.ok for r in results)
+    assert engine.last_batch_size > 0
+    assert not [r for r in caplog.records if "retrying" in r.getMessage()]
+
+
+def test_a_failed_kind_puts_back_the_files_it_would_have_replaced(scene, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "st_classes.tif").write_bytes(b"an earlier run's map")
+    (out / "st_polygons.parquet").mkdir()  # this kind cannot be written
+    engine = Engine("test-seg", output_kind=["classes", "polygons"])
+    with engine, pytest.raises(OutputWriteError, match="st_polygons.parquet"):
+        engine.generate_image(scene, output_path=out / "st")
+    assert (out / "st_classes.tif").read_bytes() == b"an earlier run's map"
+    assert sorted(p.name for p in out.iterdir()) == ["st_classes.tif", "st_polygons.parquet"]
+
+
+def test_output_suffixes_choose_the_polygons_format_and_raster_names_are_checked(scene, tmp_path):
+    with Engine("test-seg", output_kind=["classes", "polygons"]) as engine:
+        result = engine.generate_image(scene, output_path=tmp_path / "regions.gpkg")
+    assert result.outputs_by_kind["polygons"].path == tmp_path / "regions_polygons.gpkg"
+    assert result.outputs_by_kind["polygons"].dtype == "gpkg"
+    assert result.outputs_by_kind["classes"].path == tmp_path / "regions_classes.tif"
+    engine = Engine("test-seg", output_kind="confidence")
+    with engine, pytest.raises(ConfigError, match=r"x\.parquet: confidence is a GeoTIFF"):
+        engine.generate_image(scene, output_path=tmp_path / "x.parquet")

@@ -133,3 +133,16 @@ def test_embeddings_over_http_equal_offline(tmp_path):
     np.testing.assert_allclose(tokens, offline, rtol=1e-5, atol=1e-6)
     table = pq.read_table(io.BytesIO(base64.b64decode(outputs["patch-embeddings"]["data"])))
     assert table.num_rows == outputs["patch-embeddings"]["count"] == 4  # 224 px in 192 px cores
+
+
+def test_pooling_answers_one_geotiff_whatever_the_servers_kinds(tmp_path):
+    square = _lake_square(tmp_path, 100)
+    body = {"data": {"data": base64.b64encode(Path(square).read_bytes()).decode()}}
+    with running_server(model="demo-water", output_kind=["polygons", "confidence"]) as url:
+        resp = httpx.post(f"{url}/pooling", json=body, timeout=120)
+        models = httpx.get(f"{url}/v1/models").json()["data"][0]["output"]
+    assert resp.status_code == 200, resp.text
+    data, profile = decode(base64.b64decode(resp.json()["data"]["data"]))
+    assert (data.shape, profile["dtype"]) == ((1, 100, 100), "float32")  # the confidence
+    assert models["kinds"] == ["polygons", "confidence"]
+    assert "embeddings" in models["available_kinds"]

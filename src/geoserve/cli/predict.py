@@ -224,13 +224,13 @@ def _predict_all(
     on = f" on {reference_of(engine.in_proc, list(request)).label()}" if request else ""
     kinds = [getattr(p, "kind", "raw") for p in engine.out_procs]
     if str(args.output).endswith(("/", os.sep)):  # a directory, created if missing
-        out.mkdir(parents=True, exist_ok=True)
+        _make_dir(out)
     if len(items) == 1:
         # named after the first input (the first modality's): output_paths' rule; with
         # several kinds a path that is no directory is the stem of their files
         paths: list[Path | None] = [output_paths(items, out, kinds)[0] if out.is_dir() else out]
     else:
-        out.mkdir(parents=True, exist_ok=True)
+        _make_dir(out)
         paths = list(output_paths(items, out, kinds))
     t0 = time.perf_counter()
     for item, path, when in zip(items, paths, dates, strict=False):
@@ -260,6 +260,16 @@ def _predict_all(
             f"{patches} patches in {dt:.1f} s ({patches / max(dt, 1e-9):.1f} patches/s)"
         )
     return 1 if failed else 0
+
+
+def _make_dir(path: Path) -> None:
+    """Create the output directory ``path``; a one-line error naming it if it cannot be."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(
+            f"-o {path}: cannot create the directory ({exc.strerror or exc})"
+        ) from None
 
 
 def _quicklook_paths(

@@ -97,6 +97,7 @@ class Admission:
     in_proc: InputProcessor
     out_proc: OutputProcessor
     out_procs: tuple[OutputProcessor, ...]
+    _model_out_proc: OutputProcessor  # the model's own, whatever kinds the engine makes
     device: torch.device
     preprocess: str
     config: EngineConfig
@@ -338,7 +339,7 @@ class Admission:
 
     def kinds_offered(self) -> tuple[str, ...]:
         """Every output kind this model can produce (see :mod:`geoserve.engine.products`)."""
-        return kinds_offered(self.spec, self.out_procs[0] if self.out_procs else self.out_proc)
+        return kinds_offered(self.spec, self._model_out_proc)
 
     def output_processors(self, kinds: str | Sequence[str]) -> tuple[OutputProcessor, ...]:
         """The model's output processor for each of ``kinds`` (text: comma-separated).
@@ -347,8 +348,8 @@ class Admission:
             ConfigError: an unknown kind, a kind this model cannot produce (naming the ones it
                 can), a kind asked twice, or no kind.
         """
-        base = self.out_procs[0] if self.out_procs else self.out_proc
-        return output_processors(self.spec, base, kinds, self.config, getattr(self, "model", None))
+        model = getattr(self, "model", None)
+        return output_processors(self.spec, self._model_out_proc, kinds, self.config, model)
 
     def admit(self, request: Request) -> None:
         """Queue a prepared request: lower ``priority`` first, then arrival order."""

@@ -142,6 +142,7 @@ class Engine(Admission):
             compiled=self.compiled,
             max_batch_patches=1 if auto_batch else cast(int, cfg.max_batch_patches),
             embedding_layer=cfg.embedding_layer,
+            token_size=self.spec.token_size,
         )
         preprocess = cfg.preprocess
         if preprocess == "auto":

@@ -21,7 +21,7 @@ from geoserve.processors.base import OutputProcessor, RasterContext
 from geoserve.processors.embeddings import EmbeddingReassembler, token_profile
 from geoserve.raster.patch_embeddings import PatchEmbeddingSink
 from geoserve.raster.polygons import PolygonSink
-from geoserve.raster.sinks import OutputSink, make_sink
+from geoserve.raster.sinks import POLYGON_SUFFIXES, OutputSink, make_sink
 from geoserve.registry import ModelSpec
 from geoserve.schemas import OUTPUT_KINDS, TOKEN_KINDS, VECTOR_KINDS, OutFormat
 
@@ -114,6 +114,11 @@ def product_sink(
     """
     grid = ctx.grid
     kind = getattr(out_proc, "kind", None)
+    if path is not None and kind not in VECTOR_KINDS and path.suffix.lower() in POLYGON_SUFFIXES:
+        raise ConfigError(
+            f"{path}: {kind} is a GeoTIFF; name it .tif (a {path.suffix} file would hold a "
+            "GeoTIFF under another format's name)"
+        )
     if kind in VECTOR_KINDS and out_format == "tensor":
         raise ConfigError(
             f"{kind} are a vector file: ask for them as a path, bytes or base64, not a tensor"

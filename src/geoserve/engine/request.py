@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
@@ -39,6 +40,7 @@ from geoserve.processors.base import (
     RasterContext,
 )
 from geoserve.processors.embeddings import token_grid, token_valid
+from geoserve.raster import tempfiles
 from geoserve.raster.patch_embeddings import PatchEmbeddingSink
 from geoserve.raster.sinks import OutputSink
 from geoserve.raster.source import RasterSource
@@ -305,11 +307,6 @@ class Request:
         """Whether a kind of this request is made of the encoder's tokens."""
         return self.token_size is not None
 
-    @property
-    def writes_pixels(self) -> bool:
-        """Whether a kind of this request is made of the model's (pixel) output."""
-        return any(p.kind not in TOKEN_KINDS for p in self.products())
-
     def add_tokens(self, row: int, col: int, tokens: Any) -> None:
         """One patch's tokens (D, P / t, P / t), on the stitching thread.
 
@@ -366,24 +363,40 @@ class Request:
         """Finish every output kind; by kind, in order.
 
         All or nothing: when one cannot be finished, the ones already finished are removed
-        again (the rest are dropped by :meth:`close`).
+        again and any files they replaced put back (the rest are dropped by :meth:`close`).
 
         Raises:
             OutputWriteError: naming the output that could not be finished.
         """
+        products = self.products()
+        kept: list[tuple[Path, Path]] = []  # (a file an output will replace, where it waits)
+        if len(products) > 1:  # a later kind may fail: keep what the earlier ones replace
+            for product in products:
+                target = product.sink.target
+                for path in (target, *([_sidecar(target)] if target else [])):
+                    if path is not None and path.is_file():
+                        aside = tempfiles.new_temporary(path)
+                        os.replace(path, aside)
+                        kept.append((path, aside))
         done: dict[str, ImageOutput] = {}
         try:
-            for product in self.products():
+            for product in products:
                 out = product.sink.commit(self.out_format)
                 out.kind = product.kind
                 done[product.kind] = out
         except BaseException:
             for out in done.values():
                 if out.path is not None:  # the file, and a class map's sidecar
-                    for path in (out.path, out.path.with_name(out.path.name + ".aux.xml")):
+                    for path in (out.path, _sidecar(out.path)):
                         with contextlib.suppress(OSError):
                             path.unlink(missing_ok=True)
+            for path, aside in kept:  # what was there before
+                with contextlib.suppress(OSError):
+                    os.replace(aside, path)
+                tempfiles.release(aside, remove=False)
             raise
+        for _, aside in kept:
+            tempfiles.release(aside, remove=True)
         return done
 
     def result(
@@ -430,6 +443,11 @@ class Request:
         self.queue.clear()
         if interrupted is not None:
             raise interrupted
+
+
+def _sidecar(path: Path) -> Path:
+    """A class map's ``.aux.xml`` sidecar (its category names)."""
+    return path.with_name(path.name + ".aux.xml")
 
 
 def _settle(fut: Future[None]) -> None:

@@ -78,6 +78,7 @@ class ModelRunner:
         compiled: Pad batches to ``max_batch_patches`` (one graph for every batch).
         max_batch_patches: The batch cap; lowered when the device runs out of memory.
         embedding_layer: The encoder block whose tokens embeddings kinds take.
+        token_size: Pixels per token of the model's encoder (None: it has no token grid).
     """
 
     def __init__(
@@ -90,8 +91,10 @@ class ModelRunner:
         compiled: bool,
         max_batch_patches: int,
         embedding_layer: int = -1,
+        token_size: int | None = None,
     ) -> None:
         self.embedding_layer = embedding_layer
+        self.token_size = token_size
         self.model = model
         self.name = name
         self.device = device
@@ -295,9 +298,8 @@ class ModelRunner:
 
     def _check_tokens(self, tokens: torch.Tensor, batch: list[Patch], x: Any) -> torch.Tensor:
         """The tokens a model returned: (B, D, P / t, P / t), as float32."""
-        req = batch[0].request
-        t = getattr(req, "token_size", None) or 1
-        p = req.ctx.grid.patch_size // t
+        t = self.token_size or 1
+        p = batch[0].request.ctx.grid.patch_size // t
         if tokens.ndim != 4 or tokens.shape[0] != len(batch) or tuple(tokens.shape[-2:]) != (p, p):
             raise ModelOutputShapeError(
                 f"model {self.name!r} returned tokens of shape {tuple(tokens.shape)} for input "

@@ -97,7 +97,8 @@ def check_token_tiling(grid: PatchGrid, token: int) -> None:
         raise ConfigError(
             f"embeddings need patches on token edges: patch_size ({grid.patch_size}), stride "
             f"({grid.stride}) and their margin ((patch_size - stride) / 2 = {grid.margin}) must "
-            f"be multiples of the model's token size ({token})"
+            f"be multiples of the model's token size ({token}); choose --patch-size and "
+            "--stride to fit"
         )
 
 

@@ -59,6 +59,11 @@ class PatchEmbeddingSink(OutputSink):
         self._rows: list[tuple[int, int, NDArray[np.float32], bytes]] = []
         self._written = 0
 
+    @property
+    def target(self) -> Path | None:
+        """The GeoParquet file's path (None for bytes)."""
+        return self.path
+
     def _write(self, row: int, out: OutputRaster) -> None:
         raise TypeError("patch embeddings take patches (add_patch), not rows")
 

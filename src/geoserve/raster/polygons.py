@@ -107,6 +107,11 @@ class PolygonSink(OutputSink):
         self._map = RowWriter(self._map_path, profile, height, width)
         self._tmp: list[Path] = []
 
+    @property
+    def target(self) -> Path | None:
+        """The vector file's path (None for bytes)."""
+        return self.path
+
     def _write(self, row: int, out: OutputRaster) -> None:
         self._map.write(row, dataclasses.replace(out, categories=()))  # (no sidecar for it)
 

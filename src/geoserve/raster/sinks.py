@@ -30,6 +30,11 @@ class OutputSink(ABC):
         self.height, self.width = height, width
         self.meta: OutputRaster | None = None
 
+    @property
+    def target(self) -> Path | None:
+        """The file this sink renames into place on commit (None: none)."""
+        return None
+
     def write(self, row: int, out: OutputRaster) -> None:
         """Take output rows starting at image row ``row``."""
         if self.meta is None:
@@ -70,6 +75,11 @@ class GeoTiffSink(OutputSink):
     ) -> None:
         super().__init__(height, width)
         self.writer = RowWriter(path, profile, height, width, cog=cog)
+
+    @property
+    def target(self) -> Path | None:
+        """The GeoTIFF's path (None for bytes)."""
+        return self.writer.path
 
     def _write(self, row: int, out: OutputRaster) -> None:
         self.writer.write(row, out)
@@ -138,6 +148,8 @@ def make_sink(
 
 #: The file suffix of each output kind written as a vector file; every other kind is a GeoTIFF.
 KIND_SUFFIX = {"polygons": ".parquet", "patch-embeddings": ".parquet"}
+#: Suffixes of the formats polygons may be written in (docs/outputs.md).
+POLYGON_SUFFIXES = (".parquet", ".geoparquet", ".geojson", ".json", ".gpkg")
 #: Suffixes taken off an output path used as a stem for several kinds.
 OUTPUT_SUFFIXES = (".tif", ".tiff", ".parquet", ".geoparquet", ".geojson", ".json", ".gpkg")
 
@@ -153,12 +165,18 @@ def product_paths(path: Path, kinds: Sequence[str], *, named: bool = True) -> li
     One kind: ``path`` itself (an engine-chosen name, ``named=False``, takes the kind's
     suffix). Several: ``path`` is a stem, each kind's file ``<stem>_<kind><suffix>`` (a
     ``.tif``-like or vector suffix on ``path`` is dropped first): ``scene_classes.tif``,
-    ``scene_confidence.tif``, ``scene_polygons.parquet``.
+    ``scene_confidence.tif``, ``scene_polygons.parquet``. A vector suffix on ``path``
+    (``scene.gpkg``) chooses the polygons' format: ``scene_polygons.gpkg``.
     """
     if len(kinds) == 1:
         return [path if named else path.with_suffix(kind_suffix(kinds[0]))]
-    stem = path.with_suffix("") if path.suffix.lower() in OUTPUT_SUFFIXES else path
-    return [stem.with_name(f"{stem.name}_{kind}{kind_suffix(kind)}") for kind in kinds]
+    suffix = path.suffix.lower()
+    stem = path.with_suffix("") if suffix in OUTPUT_SUFFIXES else path
+    polygons = path.suffix if suffix in POLYGON_SUFFIXES else kind_suffix("polygons")
+    return [
+        stem.with_name(f"{stem.name}_{kind}{polygons if kind == 'polygons' else kind_suffix(kind)}")
+        for kind in kinds
+    ]
 
 
 def output_paths(

@@ -41,7 +41,7 @@ from geoserve.models.configured import models_in_dir, register_all
 from geoserve.raster import tempfiles
 from geoserve.raster.dates import DateLike, request_dates
 from geoserve.raster.sinks import kind_suffix
-from geoserve.schemas import VECTOR_KINDS, ImageOutput, ImageRequestOutput, OutFormat
+from geoserve.schemas import TOKEN_KINDS, VECTOR_KINDS, ImageOutput, ImageRequestOutput, OutFormat
 from geoserve.server.api_models import (
     ImagesRequest,
     PoolingRequest,
@@ -269,12 +269,16 @@ class _Service:
         if body.model is not None and body.model != self.settings.model:
             raise UnknownModelError(body.model, [self.settings.model])
         bands = list(body.data.indices) if body.data.indices is not None else None
+        engine = self.ready_engine().engine
+        raster: list[str] = [p.kind for p in engine.out_procs if p.kind not in NOT_A_GEOTIFF]
+        raster = raster or [k for k in engine.kinds_offered() if k not in NOT_A_GEOTIFF]
         rid, result = await self.run(
             request,
             as_items(body.data.data),
             body.data.data_format,
             body.data.out_data_format,
             bands=bands,
+            output_kinds=raster[:1],  # vLLM's clients take one GeoTIFF on the input's grid
             priority=body.priority,
         )
         out = result.outputs
@@ -326,7 +330,7 @@ class _Service:
             entry["output"] = {
                 "kind": out.kind,
                 "kinds": [getattr(p, "kind", "raw") for p in eng.engine.out_procs],
-                "available_kinds": list(getattr(out, "kinds", None) or (out.kind,)),
+                "available_kinds": list(eng.engine.kinds_offered()),
                 "classes": list(getattr(out, "classes", ())),
             }
         return {"object": "list", "data": [entry]}
@@ -357,6 +361,10 @@ class _Service:
     async def metrics_route(self) -> Response:
         """GET /metrics: Prometheus text format."""
         return Response(self.metrics.render(), media_type="text/plain; version=0.0.4")
+
+
+#: Kinds that are not one GeoTIFF on the input's grid (not for ``/pooling``).
+NOT_A_GEOTIFF = (*VECTOR_KINDS, *TOKEN_KINDS)
 
 
 def _described(out: ImageOutput, out_data_format: str) -> dict[str, Any]:
