@@ -69,6 +69,8 @@ from geoserve.schemas import (
 logger = logging.getLogger(__name__)
 
 ProgressCallback = Callable[[int, int], None]
+#: How long a step with no batch to run waits for a commit to finish before returning.
+COMMIT_WAIT_S = 0.05
 RequestOutput = ImageRequestOutput | TensorRequestOutput
 
 
@@ -212,8 +214,11 @@ class Engine(Admission):
     # -- pending requests --------------------------------------------------------------------
 
     def abort_request(self, request_id: str) -> bool:
-        """Drop a pending request and its queued patches; True if it was pending."""
-        return self.scheduler.abort(request_id)
+        """Drop a pending request and its queued patches; True if it was pending.
+
+        A request already being committed is not handed out, and its outputs are removed.
+        """
+        return self.scheduler.abort(request_id) or self.output.abandon(request_id)
 
     @property
     def oldest_arrival(self) -> float | None:
@@ -230,8 +235,8 @@ class Engine(Admission):
         return self.scheduler.queued_patches
 
     def has_unfinished(self) -> bool:
-        """Whether any request is still pending (or still to be released)."""
-        return self.scheduler.has_unfinished()
+        """Whether any request is still pending (or being committed, or to be released)."""
+        return self.scheduler.has_unfinished() or bool(self.output.finishing)
 
     # -- the loop ----------------------------------------------------------------------------
 
@@ -251,8 +256,10 @@ class Engine(Admission):
                 self.output.stitch(part)
         for req in sched.live():
             self.output.emit(req, self.config.streaming)
+        for req in sched.take_complete():
+            self.output.finish(req)  # committed on the writer thread
         done = sched.take_failed()
-        done.extend(self.output.finish(req) for req in sched.take_complete())
+        done.extend(self.output.collect(wait=0.0 if batch else COMMIT_WAIT_S))
         return done
 
     # -- offline API -------------------------------------------------------------------------

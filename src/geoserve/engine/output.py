@@ -6,22 +6,26 @@ on the host; as a tensor when the canvas is on the device). After each step
 :meth:`OutputStage.emit` takes the rows no later patch can change and queues them on the one
 writer thread, which turns them into output values (:meth:`Request.to_raster`) and hands them
 to the request's sink; at most :data:`MAX_PENDING_WRITES` bands wait per request before the
-model loop waits for the writer (back-pressure). :meth:`OutputStage.finish` waits for the last
-writes and commits the output. Anything that goes wrong here fails its request alone.
+model loop waits for the writer (back-pressure). :meth:`OutputStage.finish` hands the
+request's commit to a commit thread, which waits for its last writes, so a slow commit (tracing
+polygons, converting to a COG) holds up neither the model loop nor other requests' writes;
+:meth:`OutputStage.collect` hands out the requests whose commit is done. Anything that goes
+wrong here fails its request alone.
 """
 
 from __future__ import annotations
 
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent import futures
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from geoserve.engine.canvas import RowBand
 from geoserve.engine.failures import FINISH, STITCH, WRITE, Fail, isolate, request_error
-from geoserve.engine.request import Request
+from geoserve.engine.request import Request, discard
 from geoserve.engine.runner import BatchOutput
 from geoserve.errors import ModelOutputShapeError
-from geoserve.schemas import ImageRequestOutput, TensorRequestOutput
+from geoserve.schemas import ImageOutput, ImageRequestOutput, TensorRequestOutput
 
 #: Output bands a request may have queued on the writer before the model loop waits for it.
 MAX_PENDING_WRITES = 4
@@ -38,6 +42,12 @@ class OutputStage:
         self._fail = fail
         # one writer thread turns finished rows into output values and writes them, in order
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="geoserve-write")
+        # commits (a file checked and renamed, polygons traced, a COG converted) run beside it,
+        # each after its request's last write: a slow one holds up neither the model loop
+        # nor the other requests' writes
+        self._committer = ThreadPoolExecutor(2, thread_name_prefix="geoserve-commit")
+        self._finishing: list[tuple[Request, Future[dict[str, ImageOutput]]]] = []
+        self._abandoned: set[str] = set()
 
     def stitch(self, part: BatchOutput) -> None:
         """Each output patch of ``part`` to its request's canvas."""
@@ -96,23 +106,66 @@ class OutputStage:
             while req.writes and (req.writes[0].done() or len(req.writes) > MAX_PENDING_WRITES):
                 req.writes.popleft().result()  # back-pressure, and the writer's errors
 
-    def finish(self, req: Request) -> ImageRequestOutput | TensorRequestOutput:
-        """Wait for the request's writes, commit its output and release it."""
-        try:
-            while req.writes:
-                req.writes.popleft().result()
-            t0 = time.perf_counter()
-            by_kind = req.commit()
-            req.timings.write += time.perf_counter() - t0
-            return req.result(next(iter(by_kind.values())), by_kind=by_kind)
-        except Exception as exc:  # fails this request alone, not the loop
-            return req.result(error=request_error(req, exc, FINISH))
-        finally:
-            req.close()
+    def finish(self, req: Request) -> None:
+        """Commit the request's outputs on a commit thread, after its last writes.
+
+        Its outcome comes out of :meth:`collect` once the commit is done.
+        """
+        self._finishing.append((req, self._committer.submit(_commit, req)))
+
+    @property
+    def finishing(self) -> int:
+        """Requests whose outputs are being committed."""
+        return len(self._finishing)
+
+    def collect(self, wait: float = 0.0) -> list[ImageRequestOutput | TensorRequestOutput]:
+        """The outcomes of the requests whose commit is done; each request released.
+
+        ``wait``: seconds to wait for one when none is done yet (the loop has nothing else).
+        """
+        pending = [fut for _, fut in self._finishing]
+        if wait and pending and not any(f.done() for f in pending):
+            futures.wait(pending, timeout=wait, return_when=futures.FIRST_COMPLETED)
+        done: list[ImageRequestOutput | TensorRequestOutput] = []
+        for item in [x for x in self._finishing if x[1].done()]:
+            self._finishing.remove(item)
+            req, fut = item
+            try:
+                by_kind = fut.result()
+                if req.request_id in self._abandoned:  # aborted while committing: undo
+                    self._abandoned.discard(req.request_id)
+                    discard(by_kind)
+                    continue
+                done.append(req.result(next(iter(by_kind.values())), by_kind=by_kind))
+            except Exception as exc:  # fails this request alone, not the loop
+                self._abandoned.discard(req.request_id)
+                done.append(req.result(error=request_error(req, exc, FINISH)))
+            finally:
+                req.close()
+        return done
+
+    def abandon(self, request_id: str) -> bool:
+        """A request being committed was aborted: its outputs are removed once committed."""
+        if any(req.request_id == request_id for req, _ in self._finishing):
+            self._abandoned.add(request_id)
+            return True
+        return False
 
     def close(self) -> None:
-        """Stop the writer thread once its queued writes are done."""
+        """Stop the writer thread once its queued writes and commits are done."""
         self._writer.shutdown(wait=True)
+        self._committer.shutdown(wait=True)
+        self.collect()  # (release the requests committed meanwhile; nobody waits for them)
+
+
+def _commit(req: Request) -> dict[str, ImageOutput]:
+    """Wait for the request's writes (on the writer thread), then commit its outputs."""
+    while req.writes:
+        req.writes.popleft().result()  # the writer's errors
+    t0 = time.perf_counter()
+    by_kind = req.commit()
+    req.timings.write += time.perf_counter() - t0
+    return by_kind
 
 
 def _write_band(req: Request, band: RowBand, tokens: bool = False) -> None:

@@ -385,11 +385,7 @@ class Request:
                 out.kind = product.kind
                 done[product.kind] = out
         except BaseException:
-            for out in done.values():
-                if out.path is not None:  # the file, and a class map's sidecar
-                    for path in (out.path, _sidecar(out.path)):
-                        with contextlib.suppress(OSError):
-                            path.unlink(missing_ok=True)
+            discard(done)
             for path, aside in kept:  # what was there before
                 with contextlib.suppress(OSError):
                     os.replace(aside, path)
@@ -443,6 +439,15 @@ class Request:
         self.queue.clear()
         if interrupted is not None:
             raise interrupted
+
+
+def discard(by_kind: dict[str, ImageOutput]) -> None:
+    """Remove committed outputs again (their files, and a class map's sidecar)."""
+    for out in by_kind.values():
+        if out.path is not None:
+            for path in (out.path, _sidecar(out.path)):
+                with contextlib.suppress(OSError):
+                    path.unlink(missing_ok=True)
 
 
 def _sidecar(path: Path) -> Path:
