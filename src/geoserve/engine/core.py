@@ -3,19 +3,19 @@
 :class:`Engine` holds the public API and composes four parts, one job each:
 
 - admission (:mod:`geoserve.engine.admission`, a base class of ``Engine``): a request's
-  inputs opened and checked, its :class:`Request` built with its output sink, size guards
-  applied;
+  inputs opened and checked, its :class:`Request` built with a sink per output kind
+  (:mod:`geoserve.engine.products`), size guards applied;
 - the :class:`~geoserve.engine.scheduler.Scheduler`: the pending requests, and which of their
   patches go into the next batch (rows read ahead on the reader pool);
 - the :class:`~geoserve.engine.runner.ModelRunner`: the forward pass over a batch;
 - the :class:`~geoserve.engine.output.OutputStage`: outputs stitched into each request's
   canvas, bands of finished rows handed to the writer thread (streaming: memory follows the
-  scene's width, not its area), outputs committed.
+  scene's width, not its area), outputs committed on a commit thread.
 
 Each :meth:`Engine.step` fills one batch, runs it, stitches it, emits finished rows and returns
-the requests that finished. Failures stay with their request (:mod:`geoserve.engine.failures`):
-a bad input fails only that request; a forward pass that raises fails only the requests whose
-own patches make it fail; the engine keeps serving.
+the requests whose outputs were committed (or that failed) meanwhile. Failures stay with their
+request (:mod:`geoserve.engine.failures`): a bad input fails only that request; a forward pass
+that raises fails only the requests whose own patches make it fail; the engine keeps serving.
 """
 
 from __future__ import annotations
@@ -257,7 +257,7 @@ class Engine(Admission):
         for req in sched.live():
             self.output.emit(req, self.config.streaming)
         for req in sched.take_complete():
-            self.output.finish(req)  # committed on the writer thread
+            self.output.finish(req)  # committed on a commit thread; collected when done
         done = sched.take_failed()
         done.extend(self.output.collect(wait=0.0 if batch else COMMIT_WAIT_S))
         return done
