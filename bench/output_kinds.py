@@ -91,7 +91,7 @@ def write_markdown(report: dict[str, Any]) -> None:
             f"| {', '.join(r['kinds'])} | {r['seconds']} | {r['vs_classes']} | "
             f"{r['model_share']} | {r['output_mb']} |"
         )
-    write_section("output-kinds", "Several output kinds from one pass", lines)
+    write_section("output_kinds", "Several output kinds from one pass", lines)
 
 
 def main() -> None:
