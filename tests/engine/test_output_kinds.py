@@ -318,7 +318,7 @@ def test_a_slow_commit_holds_up_no_other_request(tmp_path):
         order = [r.request_id for r in engine.run_until_done()]
         assert order == ["small", "slow"]
         engine.admit(engine.prepare_request(slow, output_path=tmp_path / "gone", request_id="x"))
-        while not engine.output.finishing:  # until it is being committed
+        while not engine.committing:  # until it is being committed
             engine.step()
         assert engine.abort_request("x")
         assert [r.request_id for r in engine.run_until_done()] == []

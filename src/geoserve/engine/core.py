@@ -234,6 +234,11 @@ class Engine(Admission):
         """Patches of pending requests not yet through the model (skipped ones included)."""
         return self.scheduler.queued_patches
 
+    @property
+    def committing(self) -> int:
+        """Requests whose outputs are being committed (on the commit threads)."""
+        return self.output.finishing
+
     def has_unfinished(self) -> bool:
         """Whether any request is still pending (or being committed, or to be released)."""
         return self.scheduler.has_unfinished() or bool(self.output.finishing)
