@@ -22,7 +22,8 @@ from typing import Any
 
 from geoserve.engine.canvas import RowBand
 from geoserve.engine.failures import FINISH, STITCH, WRITE, Fail, isolate, request_error
-from geoserve.engine.request import Request, discard
+from geoserve.engine.products import discard
+from geoserve.engine.request import Request
 from geoserve.engine.runner import BatchOutput
 from geoserve.errors import ModelOutputShapeError
 from geoserve.schemas import ImageOutput, ImageRequestOutput, TensorRequestOutput

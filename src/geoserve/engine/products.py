@@ -1,4 +1,4 @@
-"""A request's output kinds: which a model offers, their processors, their sinks.
+"""A request's output kinds: which a model offers, their processors, their sinks, their commit.
 
 One request may ask for several kinds (``classes``, ``confidence``, ``polygons``,
 ``embeddings`` ...) from one model pass; each becomes a :class:`Product`, its own output
@@ -10,6 +10,8 @@ kinds; asking for another is a :class:`~geoserve.errors.ConfigError` naming what
 
 from __future__ import annotations
 
+import contextlib
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,11 +21,12 @@ from geoserve.config import EngineConfig
 from geoserve.errors import ConfigError
 from geoserve.processors.base import OutputProcessor, RasterContext
 from geoserve.processors.embeddings import EmbeddingReassembler, token_profile
+from geoserve.raster import tempfiles
 from geoserve.raster.patch_embeddings import PatchEmbeddingSink
 from geoserve.raster.polygons import PolygonSink
 from geoserve.raster.sinks import POLYGON_SUFFIXES, OutputSink, make_sink
 from geoserve.registry import ModelSpec
-from geoserve.schemas import OUTPUT_KINDS, TOKEN_KINDS, VECTOR_KINDS, OutFormat
+from geoserve.schemas import OUTPUT_KINDS, TOKEN_KINDS, VECTOR_KINDS, ImageOutput, OutFormat
 
 
 @dataclass
@@ -135,3 +138,53 @@ def product_sink(
             path, ctx.profile, grid.height, grid.width, class_names=names, min_area=config.min_area
         )
     return make_sink(out_format, path, ctx.profile, grid.height, grid.width, cog=config.cog)
+
+
+def commit_all(products: list[Product], out_format: OutFormat) -> dict[str, ImageOutput]:
+    """Finish every output kind of a request; by kind, in order.
+
+    All or nothing: when one cannot be finished, the ones already finished are removed
+    again and any files they replaced put back (the request's close drops the rest).
+
+    Raises:
+        OutputWriteError: naming the output that could not be finished.
+    """
+    kept: list[tuple[Path, Path]] = []  # (a file an output will replace, where it waits)
+    if len(products) > 1:  # a later kind may fail: keep what the earlier ones replace
+        for product in products:
+            target = product.sink.target
+            for path in (target, *([_sidecar(target)] if target else [])):
+                if path is not None and path.is_file():
+                    aside = tempfiles.new_temporary(path)
+                    os.replace(path, aside)
+                    kept.append((path, aside))
+    done: dict[str, ImageOutput] = {}
+    try:
+        for product in products:
+            out = product.sink.commit(out_format)
+            out.kind = product.kind
+            done[product.kind] = out
+    except BaseException:
+        discard(done)
+        for path, aside in kept:  # what was there before
+            with contextlib.suppress(OSError):
+                os.replace(aside, path)
+            tempfiles.release(aside, remove=False)
+        raise
+    for _, aside in kept:
+        tempfiles.release(aside, remove=True)
+    return done
+
+
+def discard(by_kind: dict[str, ImageOutput]) -> None:
+    """Remove committed outputs again (their files, and a class map's sidecar)."""
+    for out in by_kind.values():
+        if out.path is not None:
+            for path in (out.path, _sidecar(out.path)):
+                with contextlib.suppress(OSError):
+                    path.unlink(missing_ok=True)
+
+
+def _sidecar(path: Path) -> Path:
+    """A class map's ``.aux.xml`` sidecar (its category names)."""
+    return path.with_name(path.name + ".aux.xml")

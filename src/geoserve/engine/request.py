@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
@@ -30,7 +29,7 @@ import torch
 
 from geoserve.engine.canvas import Canvas, RowBand
 from geoserve.engine.prefetch import RowPrefetcher
-from geoserve.engine.products import Product
+from geoserve.engine.products import Product, commit_all
 from geoserve.errors import GeoServeError
 from geoserve.processors.base import (
     InputProcessor,
@@ -40,7 +39,6 @@ from geoserve.processors.base import (
     RasterContext,
 )
 from geoserve.processors.embeddings import token_grid, token_valid
-from geoserve.raster import tempfiles
 from geoserve.raster.patch_embeddings import PatchEmbeddingSink
 from geoserve.raster.sinks import OutputSink
 from geoserve.raster.source import RasterSource
@@ -360,40 +358,12 @@ class Request:
         return proc.finalize(band.data, band.valid, self.ctx)
 
     def commit(self) -> dict[str, ImageOutput]:
-        """Finish every output kind; by kind, in order.
-
-        All or nothing: when one cannot be finished, the ones already finished are removed
-        again and any files they replaced put back (the rest are dropped by :meth:`close`).
+        """Finish every output kind, all or nothing (:func:`~geoserve.engine.products.commit_all`).
 
         Raises:
             OutputWriteError: naming the output that could not be finished.
         """
-        products = self.products()
-        kept: list[tuple[Path, Path]] = []  # (a file an output will replace, where it waits)
-        if len(products) > 1:  # a later kind may fail: keep what the earlier ones replace
-            for product in products:
-                target = product.sink.target
-                for path in (target, *([_sidecar(target)] if target else [])):
-                    if path is not None and path.is_file():
-                        aside = tempfiles.new_temporary(path)
-                        os.replace(path, aside)
-                        kept.append((path, aside))
-        done: dict[str, ImageOutput] = {}
-        try:
-            for product in products:
-                out = product.sink.commit(self.out_format)
-                out.kind = product.kind
-                done[product.kind] = out
-        except BaseException:
-            discard(done)
-            for path, aside in kept:  # what was there before
-                with contextlib.suppress(OSError):
-                    os.replace(aside, path)
-                tempfiles.release(aside, remove=False)
-            raise
-        for _, aside in kept:
-            tempfiles.release(aside, remove=True)
-        return done
+        return commit_all(self.products(), self.out_format)
 
     def result(
         self,
@@ -439,20 +409,6 @@ class Request:
         self.queue.clear()
         if interrupted is not None:
             raise interrupted
-
-
-def discard(by_kind: dict[str, ImageOutput]) -> None:
-    """Remove committed outputs again (their files, and a class map's sidecar)."""
-    for out in by_kind.values():
-        if out.path is not None:
-            for path in (out.path, _sidecar(out.path)):
-                with contextlib.suppress(OSError):
-                    path.unlink(missing_ok=True)
-
-
-def _sidecar(path: Path) -> Path:
-    """A class map's ``.aux.xml`` sidecar (its category names)."""
-    return path.with_name(path.name + ".aux.xml")
 
 
 def _settle(fut: Future[None]) -> None:

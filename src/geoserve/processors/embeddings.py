@@ -33,6 +33,7 @@ from numpy.typing import NDArray
 
 from geoserve.errors import ConfigError
 from geoserve.processors.base import OutputProcessor, RasterContext
+from geoserve.processors.reassemblers import float_output
 from geoserve.raster.grid import PatchGrid
 from geoserve.raster.write import OutputRaster
 from geoserve.schemas import TOKEN_KINDS
@@ -77,14 +78,10 @@ class EmbeddingReassembler(OutputProcessor):
         ctx: RasterContext,
     ) -> OutputRaster:
         """Blended tokens (D, rows, W / t) as D float bands; NaN where the input is nodata."""
-        out = blended.astype(np.float32, copy=True)
-        if valid is not None:
-            out[:, ~valid] = np.nan
-        names = tuple(f"embedding_{i}" for i in range(out.shape[0]))
+        names = [f"embedding_{i}" for i in range(blended.shape[0])]
         tags = {"GEOSERVE_OUTPUT": "embeddings", "EMBEDDING_LAYER": str(self.layer)}
-        nodata = float("nan") if ctx.has_nodata else None
         nbits = 16 if self.dtype == "float16" else None
-        return OutputRaster(out, nodata, names, tags=tags, nbits=nbits)
+        return float_output(blended.copy(), valid, ctx.has_nodata, names, tags, nbits)
 
 
 def check_token_tiling(grid: PatchGrid, token: int) -> None:

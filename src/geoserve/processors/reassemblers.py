@@ -151,11 +151,11 @@ class SegmentationReassembler(OutputProcessor):
                 categories=self.classes,
             )
         if self.kind == "confidence":
-            return _float_output(_confidence(blended), valid, masked, ("confidence",), tags)
+            return float_output(_confidence(blended), valid, masked, ("confidence",), tags)
         if self.kind == "probabilities":
-            return _float_output(_softmax(blended), valid, masked, self.classes, tags)
+            return float_output(_softmax(blended), valid, masked, self.classes, tags)
         names = tuple(f"logit_{c}" for c in self.classes)
-        return _float_output(blended.copy(), valid, masked, names, tags)
+        return float_output(blended.copy(), valid, masked, names, tags)
 
 
 @dataclass(frozen=True)
@@ -221,7 +221,7 @@ class RawReassembler(OutputProcessor):
             if factors:
                 per_band = np.resize(np.asarray(factors, dtype=np.float32), n)
                 values = op(values, per_band[:, None, None])
-        return _float_output(values, valid, masked, names, {"GEOSERVE_OUTPUT": "raw"})
+        return float_output(values, valid, masked, names, {"GEOSERVE_OUTPUT": "raw"})
 
 
 #: Pixels of class maps where the model returned NaN or inf (written as nodata); a process-wide
@@ -260,14 +260,20 @@ def _softmax(x: NDArray[np.float32]) -> NDArray[np.float32]:
     return out
 
 
-def _float_output(
+def float_output(
     values: NDArray[np.float32],
     valid: NDArray[np.bool_] | None,
     masked: bool,
     names: Sequence[str],
     tags: dict[str, str],
+    nbits: int | None = None,
 ) -> OutputRaster:
+    """Float32 output bands, NaN where the input is invalid.
+
+    ``values`` is written into: pass rows no other output kind reads.
+    """
     out = values.astype(np.float32, copy=False)
     if valid is not None:
         out[:, ~valid] = np.nan
-    return OutputRaster(out, float("nan") if masked else None, tuple(names), tags=tags)
+    nodata = float("nan") if masked else None
+    return OutputRaster(out, nodata, tuple(names), tags=tags, nbits=nbits)

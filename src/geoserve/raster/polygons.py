@@ -38,18 +38,10 @@ from rasterio.io import MemoryFile
 
 from geoserve.errors import ConfigError, OutputWriteError
 from geoserve.raster import tempfiles
-from geoserve.raster.sinks import OutputSink
+from geoserve.raster.sinks import POLYGON_FORMATS, OutputSink
 from geoserve.raster.write import IN_MEMORY, OutputRaster, RowWriter, write_error
 from geoserve.schemas import ImageOutput, OutFormat
 
-#: Vector formats by file suffix (the first is the default).
-VECTOR_SUFFIXES: dict[str, str] = {
-    ".parquet": "parquet",
-    ".geoparquet": "parquet",
-    ".geojson": "geojson",
-    ".json": "geojson",
-    ".gpkg": "gpkg",
-}
 #: pyogrio's driver for each format it writes.
 _DRIVERS = {"geojson": "GeoJSON", "gpkg": "GPKG"}
 #: Polygons per Parquet row group (and per conversion batch).
@@ -66,10 +58,10 @@ def vector_format(path: Path) -> str:
     Raises:
         ConfigError: a suffix of no vector format, naming the path and the accepted ones.
     """
-    fmt = VECTOR_SUFFIXES.get(path.suffix.lower())
+    fmt = POLYGON_FORMATS.get(path.suffix.lower())
     if fmt is None:
         raise ConfigError(
-            f"{path}: polygons are written as {', '.join(VECTOR_SUFFIXES)}; name the output "
+            f"{path}: polygons are written as {', '.join(POLYGON_FORMATS)}; name the output "
             "with one of these suffixes"
         )
     return fmt

@@ -148,10 +148,17 @@ def make_sink(
 
 #: The file suffix of each output kind written as a vector file; every other kind is a GeoTIFF.
 KIND_SUFFIX = {"polygons": ".parquet", "patch-embeddings": ".parquet"}
-#: Suffixes of the formats polygons may be written in (docs/outputs.md).
-POLYGON_SUFFIXES = (".parquet", ".geoparquet", ".geojson", ".json", ".gpkg")
+#: The formats polygons may be written in, by file suffix (docs/outputs.md).
+POLYGON_FORMATS: dict[str, str] = {
+    ".parquet": "parquet",
+    ".geoparquet": "parquet",
+    ".geojson": "geojson",
+    ".json": "geojson",
+    ".gpkg": "gpkg",
+}
+POLYGON_SUFFIXES = tuple(POLYGON_FORMATS)
 #: Suffixes taken off an output path used as a stem for several kinds.
-OUTPUT_SUFFIXES = (".tif", ".tiff", ".parquet", ".geoparquet", ".geojson", ".json", ".gpkg")
+OUTPUT_SUFFIXES = (".tif", ".tiff", *POLYGON_SUFFIXES)
 
 
 def kind_suffix(kind: str) -> str:
