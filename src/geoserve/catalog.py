@@ -42,6 +42,7 @@ class ModelEntry:
     output: str = "raw"  # the default output kind: classes, probabilities, raw, ...
     kinds: list[str] = field(default_factory=list)  # every kind it can produce (--output-kind)
     classes: list[str] = field(default_factory=list)
+    validated: list[str] = field(default_factory=list)  # speed options checked (--quantize)
     error: str | None = None  # why the model cannot be used (a processor is missing)
 
     def cells(self) -> dict[str, str]:
@@ -91,6 +92,7 @@ def model_entries() -> list[ModelEntry]:
         else:
             weights = "built in" if plugin == "geoserve" else "none"
         entry = ModelEntry(name, plugin, spec.description, weights, spec.weights_hint)
+        entry.validated = list(spec.validated)
         try:
             _, inp, out = resolve_model(spec)
         except GeoServeError as exc:
@@ -148,8 +150,8 @@ def format_table(entries: list[ModelEntry], width: int) -> list[str]:
     return lines
 
 
-def kinds_lines(entries: list[ModelEntry], width: int) -> list[str]:
-    """Below the table: the output kinds (``--output-kind``) each group of models offers."""
+def footer_lines(entries: list[ModelEntry], width: int) -> list[str]:
+    """Below the table: each group of models' output kinds, and the int8-validated models."""
     groups: dict[tuple[str, ...], list[str]] = {}
     for e in entries:
         if e.error is None:
@@ -158,6 +160,12 @@ def kinds_lines(entries: list[ModelEntry], width: int) -> list[str]:
     for kinds, names in sorted(groups.items(), key=lambda g: -len(g[1])):
         who = ", ".join(names) if len(names) <= 3 else f"{len(names)} models"
         lines.append(_cut(f"  {', '.join(kinds)}: {who}", width))
+    checked = [e.name for e in entries if "int8" in e.validated]
+    lines += [
+        "",
+        _cut(f"--quantize int8 (CPU) validated on real data: {', '.join(checked) or '-'}", width),
+        _cut("  others: check first with geoserve bench-accuracy --quantize int8 SCENE.tif", width),
+    ]
     return lines
 
 

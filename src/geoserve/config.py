@@ -50,6 +50,9 @@ class EngineConfig(BaseModel):
     """Torch device for the forward passes (cpu, cuda, cuda:1)."""
     dtype: DType | None = None
     """Autocast dtype on the device (bf16 or fp16; default float32)."""
+    quantize: Literal["int8"] | None = None
+    """CPU only: run the model's linear layers in int8 (dynamic quantisation; check the
+    accuracy on your scene first: geoserve bench-accuracy)."""
     threads: Annotated[int, Field(ge=1)] | None = None
     """Torch CPU threads for the model (default: torch's choice)."""
     patch_size: Annotated[int, Field(ge=1)] | None = None
@@ -113,6 +116,23 @@ class EngineConfig(BaseModel):
             if type(value).__module__ == "torch":  # torch.bfloat16, torch.device("cuda")
                 data[key] = str(value).removeprefix("torch.")
         return data
+
+    @model_validator(mode="after")
+    def _quantize_on_cpu(self) -> EngineConfig:
+        """int8 runs on the CPU, in float32 around the int8 layers."""
+        if self.quantize is None:
+            return self
+        if not self.device.startswith("cpu"):
+            raise ValueError(
+                f"quantize: {self.quantize} is a CPU path (PyTorch's int8 kernels run on the "
+                f"CPU); on {self.device} use dtype bf16 instead"
+            )
+        if self.dtype is not None:
+            raise ValueError(
+                f"quantize: {self.quantize} runs the other layers in float32; it does not "
+                f"combine with dtype {self.dtype}"
+            )
+        return self
 
     @field_validator("weights", mode="before")
     @classmethod
@@ -203,7 +223,10 @@ def config_error(
     for err in exc.errors():
         name = str(err["loc"][0]) if err["loc"] else "config"
         why = str(err["msg"]).removeprefix("Value error, ").removeprefix("Input should be ")
-        if err["type"] == "extra_forbidden":
+        field, _, rest = why.partition(": ")
+        if not err["loc"] and field in fields:  # a check across fields names its field first
+            name, why = field, rest
+        elif err["type"] == "extra_forbidden":
             why = f"unknown option; known: {', '.join(fields)}"
         elif err["type"] != "missing":
             got[name] = err.get("input")

@@ -1,4 +1,4 @@
-"""The ``geoserve`` command line: ``predict``, ``serve``, ``info`` and ``models``.
+"""The ``geoserve`` command line: ``predict``, ``serve``, ``info``, ``models`` and more.
 
 Exit codes: 0 success, 1 an input or model error (one line naming the file, band or model; a
 traceback only with ``--debug``), 2 a usage error.
@@ -6,7 +6,8 @@ traceback only with ``--debug``), 2 a usage error.
 One module per job: :mod:`~geoserve.cli.parser` (the subcommands), :mod:`~geoserve.cli.options`
 (flags generated from the configuration models, ``--config`` files),
 :mod:`~geoserve.cli.predict`, :mod:`~geoserve.cli.serve`, :mod:`~geoserve.cli.inspect`
-(``info`` and ``models``). Nothing here imports torch until a model is about to load.
+(``info`` and ``models``), :mod:`~geoserve.cli.accuracy` (``bench-accuracy``). Nothing here
+imports torch until a model is about to load.
 """
 
 from __future__ import annotations
@@ -47,6 +48,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from geoserve.cli.inspect import cmd_info
 
             return cmd_info(args, parser)
+        if args.command == "bench-accuracy":
+            from geoserve.cli.accuracy import cmd_bench_accuracy
+
+            return cmd_bench_accuracy(args)
         if args.command == "serve":
             from geoserve.cli.serve import cmd_serve
 

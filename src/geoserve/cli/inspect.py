@@ -17,7 +17,7 @@ from geoserve.errors import GeoServeError
 
 def cmd_models(args: argparse.Namespace) -> int:
     """``geoserve models``: the registered models, as a table or JSON."""
-    from geoserve.catalog import format_table, kinds_lines, model_entries
+    from geoserve.catalog import footer_lines, format_table, model_entries
     from geoserve.cli.configured import register_configured_models
 
     register_configured_models(args)
@@ -26,7 +26,7 @@ def cmd_models(args: argparse.Namespace) -> int:
         print(json.dumps([e.as_json() for e in entries], indent=2))
     else:
         width = shutil.get_terminal_size((100, 24)).columns
-        print("\n".join([*format_table(entries, width), *kinds_lines(entries, width)]))
+        print("\n".join([*format_table(entries, width), *footer_lines(entries, width)]))
     return 0
 
 

@@ -198,6 +198,22 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _debug(i)
 
+    b = sub.add_parser(
+        "bench-accuracy",
+        parents=[common],
+        help="compare a faster setting (--quantize int8, --dtype bf16, --compile) with float32 "
+        "on your own scene",
+    )
+    b.add_argument("input", metavar="IN", help="the scene (a GeoTIFF the model takes)")
+    b.add_argument(
+        "--labels",
+        metavar="LABELS.tif",
+        help="class labels on the scene's grid (negative or nodata: ignored): IoU of both runs",
+    )
+    b.add_argument("--json", action="store_true", help="the report as JSON")
+    add_configured_flags(b, config_file=True)
+    _debug(b)
+
     m = sub.add_parser("models", help="list registered models")
     m.add_argument("--json", action="store_true", help="every detail, as JSON (for scripts)")
     add_configured_flags(m)

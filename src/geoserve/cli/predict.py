@@ -73,7 +73,7 @@ def cmd_predict(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
     request = _modality_request(args, parser)
     from_file = read_options(args.config, known_keys(EngineConfig))
     config = engine_config(args, from_file)
-    args.model = _model_of(args, from_file.get("model"))
+    args.model = model_of(args, from_file.get("model"))
     if args.output is None:
         if config.output_dir is None:
             parser.error("predict: give -o OUT (or --output-dir DIR, or output_dir in --config)")
@@ -111,7 +111,7 @@ def cmd_predict(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
         return _predict_all(engine, args, skip=bad, request=request)
 
 
-def _model_of(args: argparse.Namespace, in_file: str | None) -> str:
+def model_of(args: argparse.Namespace, in_file: str | None) -> str:
     """The model to run: ``--model`` (or the ``--config`` file's), or the one registered.
 
     Registers the models ``--config-file``, ``--register`` and ``--models-dir`` name.

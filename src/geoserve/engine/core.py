@@ -34,6 +34,7 @@ import torch
 
 from geoserve.config import EngineConfig
 from geoserve.engine.admission import Admission, ImageInput
+from geoserve.engine.cpu_inference import check_cpu_options, quantize_model
 from geoserve.engine.limits import (
     MB,
     default_max_memory,
@@ -123,9 +124,18 @@ class Engine(Admission):
             self.out_procs = self.output_processors(cfg.output_kind)
             self.out_proc = self.out_procs[0]
         self.dtype = _resolve_dtype(cfg.dtype)
+        check_cpu_options(
+            self.device,
+            self.dtype,
+            cfg.quantize,
+            model=self.spec.name,
+            validated=self.spec.validated,
+        )
         self._output_dir = cfg.output_dir
         limit_gdal_cache()
         self.model = build_model(self.spec, cfg.weights, self.device)
+        if cfg.quantize is not None:  # after the weights, before compiling and warm-up
+            self.model = quantize_model(self.model, cfg.quantize, self.spec.name)
         self.output_processors([p.kind for p in self.out_procs])  # (the model checked too)
         if self.spec.token_size and any(p.kind in TOKEN_KINDS for p in self.out_procs):
             size, blend = self.in_proc.patch_size, cast(BlendMode, self.in_proc.blend)

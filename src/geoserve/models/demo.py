@@ -91,6 +91,7 @@ def model_card() -> dict[str, Any]:
     "demo-water",
     description="tiny Prithvi-architecture water model trained on the bundled scene (demo)",
     token_size=16,
+    validated=("int8",),  # the model card's int8 figures (tests/models/test_demo.py)
 )
 @INPUT_REGISTRY.register_input_processor(
     GeoTiffPatcher(

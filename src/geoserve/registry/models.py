@@ -40,6 +40,8 @@ class ModelSpec:
         token_size: Pixels per side of the encoder's patch tokens, for a model whose module
             provides ``forward_with_tokens`` (see :mod:`geoserve.processors.embeddings`): it
             can also produce the ``embeddings`` and ``patch-embeddings`` kinds.
+        validated: Speed options (``"int8"``) checked against float32 on real data (its
+            model card says how); others are allowed with a warning.
     """
 
     name: str
@@ -49,6 +51,7 @@ class ModelSpec:
     weights_hint: str = ""
     loads_weights: bool = False
     token_size: int | None = None
+    validated: tuple[str, ...] = ()
 
     @property
     def key(self) -> str:
@@ -71,6 +74,7 @@ class ModelRegistry(Registry[ModelSpec]):
         weights_hint: str = "",
         loads_weights: bool = False,
         token_size: int | None = None,
+        validated: tuple[str, ...] = (),
         override: bool = False,
     ) -> Callable[[F], F]:
         """Decorator registering a model factory under ``name`` (fields as :class:`ModelSpec`)."""
@@ -78,7 +82,14 @@ class ModelRegistry(Registry[ModelSpec]):
         def decorator(factory: F) -> F:
             doc = description or (factory.__doc__ or "").strip().split("\n")[0]
             spec = ModelSpec(
-                name, factory, doc, weights_required, weights_hint, loads_weights, token_size
+                name,
+                factory,
+                doc,
+                weights_required,
+                weights_hint,
+                loads_weights,
+                token_size,
+                tuple(validated),
             )
             self.add(name, spec, override=override)
             return factory

@@ -333,6 +333,14 @@ class _Service:
                 "available_kinds": list(eng.engine.kinds_offered()),
                 "classes": list(getattr(out, "classes", ())),
             }
+            cfg = eng.engine.config
+            entry["runtime"] = {  # how it runs: the speed options, and which were validated
+                "device": str(eng.engine.device),
+                "dtype": cfg.dtype,
+                "quantize": cfg.quantize,
+                "compile": cfg.compile,
+                "validated": list(eng.engine.spec.validated),
+            }
         return {"object": "list", "data": [entry]}
 
     def crashed(self) -> BaseException | None:
