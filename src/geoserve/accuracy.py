@@ -114,6 +114,8 @@ def compare_settings(
             "(--quantize int8, --dtype bf16 or --compile)"
         )
     reference = EngineConfig.build(candidate, **SPEED_OPTIONS)
+    if labels is not None:
+        _check_labels(Path(labels), source)
     _, _, out_proc = resolve_model(model)
     classes = list(getattr(out_proc, "classes", ()) or ())
     is_classes = out_proc.kind == "classes"
@@ -174,16 +176,29 @@ def compare_outputs(ref_path: Path, cand_path: Path, is_classes: bool) -> dict[s
     }
 
 
+def _check_labels(labels: Path, source: str | Path) -> None:
+    """Labels that can be read and are on the scene's grid (before anything runs)."""
+    from geoserve.raster.source import open_raster
+
+    try:
+        with rasterio.open(labels) as lab:
+            size = lab.width, lab.height
+    except rasterio.errors.RasterioIOError as exc:
+        raise InputError(f"{labels}: cannot read the labels: {exc}") from None
+    with open_raster(str(source)) as src:
+        want = src.info.width, src.info.height
+    if size != want:
+        raise InputError(
+            f"{labels}: labels are {size[0]} x {size[1]} pixels, the scene {want[0]} x "
+            f"{want[1]}; give labels on the scene's grid"
+        )
+
+
 def iou_against(pred_path: Path, label_path: Path, classes: list[str]) -> dict[str, float]:
     """IoU per class of the prediction's argmax against integer labels (negative: ignored)."""
     inter: NDArray[np.int64] | None = None
     union: NDArray[np.int64] | None = None
     with rasterio.open(pred_path) as pred, rasterio.open(label_path) as lab:
-        if (lab.width, lab.height) != (pred.width, pred.height):
-            raise InputError(
-                f"{label_path}: labels are {lab.width} x {lab.height} pixels, the scene's "
-                f"output {pred.width} x {pred.height}; give labels on the scene's grid"
-            )
         n = pred.count
         inter, union = np.zeros(n, np.int64), np.zeros(n, np.int64)
         for row in range(0, pred.height, ROWS):

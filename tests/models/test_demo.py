@@ -28,6 +28,17 @@ def test_model_card_figures_recomputed_from_the_shipped_weights():
     acc = (pred.numpy()[valid] == truth[valid]).mean()
     assert iou == pytest.approx(card["model_water_iou"], abs=2e-3)
     assert acc == pytest.approx(card["model_pixel_accuracy"], abs=2e-3)
+    # validated with int8 (ModelSpec.validated): its figures, within 0.01 IoU of float32
+    q = Engine("demo-water", quantize="int8").generate_image(FLOOD, out_format="tensor")
+    q_pred = q.outputs.tensor[0].numpy()
+    q_water = (q_pred == 1) & valid
+    q_iou = (q_water & real).sum() / (q_water | real).sum()
+    assert q_iou == pytest.approx(card["int8_water_iou"], abs=2e-3)
+    assert abs(q_iou - iou) <= 0.01
+    assert (q_pred[valid] == truth[valid]).mean() == pytest.approx(
+        card["int8_pixel_accuracy"], abs=2e-3
+    )
+    assert (q_pred == pred.numpy()).mean() == pytest.approx(card["int8_class_agreement"], abs=1e-3)
     text = (weights_path().parent / "demo_water.md").read_text()
     assert f"{card['model_water_iou']:.3f}" in text
     assert f"{card['ndwi_water_iou']:.3f}" in text

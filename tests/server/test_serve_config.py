@@ -7,14 +7,16 @@ import base64
 import httpx
 import numpy as np
 import pytest
+import rasterio
 from rasterio.io import MemoryFile
+from rasterio.windows import Window
 
 from geoserve import Engine, EngineConfig
 from geoserve.cli import build_parser, main
 from geoserve.cli.serve import server_settings
 from geoserve.errors import ConfigError
 from geoserve.server import ServerSettings, create_app
-from tests.conftest import write_geotiff
+from tests.conftest import LAKE, write_geotiff
 from tests.hub_cache import REF, fill_cache, offline
 from tests.server.conftest import free_port, running_server
 
@@ -91,3 +93,32 @@ def test_hub_weights_need_allow_hub_weights_and_then_are_served(tmp_path, monkey
     assert engine.model.conv.bias.tolist() == [3.0] * 4  # the cached file's, not the defaults
     want = engine.generate_image(scene, out_format="tensor").outputs.tensor.numpy()
     np.testing.assert_array_equal(got, want)
+
+
+def test_int8_from_a_flag_is_served_and_reported(tmp_path):
+    crop = tmp_path / "crop.tif"
+    with rasterio.open(LAKE) as src:
+        window = Window(600, 200, 300, 260)
+        profile = {**src.profile, "width": 300, "height": 260}
+        profile["transform"] = src.window_transform(window)
+        with rasterio.open(crop, "w", **profile) as dst:
+            dst.write(src.read(window=window))
+    argv = ["serve", "-m", "demo-water", "--quantize", "int8", "--port", str(free_port())]
+    settings = server_settings(build_parser().parse_args(argv))
+    with running_server(**settings.model_dump()) as url:
+        runtime = httpx.get(f"{url}/v1/models").json()["data"][0]["runtime"]
+        resp = httpx.post(f"{url}/v1/images", files={"file": ("crop.tif", crop.read_bytes())})
+    assert runtime == {
+        "device": "cpu",
+        "dtype": None,
+        "quantize": "int8",
+        "compile": False,
+        "validated": ["int8"],
+    }
+    assert resp.status_code == 200, resp.text
+    with MemoryFile(resp.content) as mem, mem.open() as ds:
+        got = ds.read(1)
+    int8 = Engine("demo-water", quantize="int8").generate_image(crop, out_format="tensor")
+    fp32 = Engine("demo-water").generate_image(crop, out_format="tensor")
+    np.testing.assert_array_equal(got, int8.outputs.tensor[0].numpy())  # per patch: exact
+    assert (got == fp32.outputs.tensor[0].numpy()).mean() >= 0.99
