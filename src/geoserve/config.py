@@ -54,7 +54,8 @@ class EngineConfig(BaseModel):
     """CPU only: run the model's linear layers in int8 (dynamic quantisation; check the
     accuracy on your scene first: geoserve bench-accuracy)."""
     threads: Annotated[int, Field(ge=1)] | None = None
-    """Torch CPU threads for the model (default: torch's choice)."""
+    """Torch CPU threads for the model (default: torch's, one per core; 1 can be faster for
+    tiny models, see performance.md)."""
     patch_size: Annotated[int, Field(ge=1)] | None = None
     """Patch size in pixels (default: the model's)."""
     stride: Annotated[int, Field(ge=1)] | None = None

@@ -119,6 +119,14 @@ class PayloadTooLargeError(InputError):
     """Raised when a request's body or decoded pixels exceed the configured limit."""
 
 
+class ZoomTooLowError(InputError):
+    """Raised for a map tile below the zoom at which a scene's tiles are predicted on demand."""
+
+
+class NotFoundError(GeoServeError, LookupError):
+    """Raised for an id that names nothing here (an expired or unknown scene); it lists none."""
+
+
 class ForbiddenInputError(GeoServeError, PermissionError):
     """Raised when a request names a path or URL outside what the server allows."""
 

@@ -70,3 +70,13 @@ def test_bf16_on_a_cpu_warns_when_it_is_emulated():
         assert len(slow) == 1
         assert "emulated" in str(slow[0].message)
         assert "--quantize int8" in str(slow[0].message)
+
+
+def test_the_catalogue_says_which_models_were_validated_with_int8():
+    from geoserve.catalog import footer_lines, model_entries
+
+    entries = {e.name: e for e in model_entries()}
+    assert entries["demo-water"].validated == ["int8"]
+    assert entries["test-seg"].validated == []
+    footer = "\n".join(footer_lines(list(entries.values()), 200))
+    assert "--quantize int8 (CPU) validated on real data: demo-water\n" in footer

@@ -337,6 +337,11 @@ class Admission:
             dates=when,
         )
 
+    @property
+    def model_out_proc(self) -> OutputProcessor:
+        """The model's own output processor (its classes and colours), whatever kinds are run."""
+        return self._model_out_proc
+
     def kinds_offered(self) -> tuple[str, ...]:
         """Every output kind this model can produce (see :mod:`geoserve.engine.products`)."""
         return kinds_offered(self.spec, self._model_out_proc)

@@ -29,6 +29,7 @@ from geoserve.engine.admission import ImageInput
 from geoserve.engine.core import Engine
 from geoserve.engine.heap import trim_heap
 from geoserve.engine.limits import check_request
+from geoserve.engine.patch_cache import PatchKeys
 from geoserve.engine.request import Request
 from geoserve.errors import (
     GeoServeError,
@@ -131,6 +132,7 @@ class AsyncEngine:
         timeout: float | None = None,
         deadline: float | None = None,
         dates: DateLike | Sequence[DateLike] | None = None,
+        patch_keys: PatchKeys | None = None,
     ) -> ImageRequestOutput:
         """Run one request and return its output (a failure in the engine is in ``.error``).
 
@@ -141,7 +143,8 @@ class AsyncEngine:
         patches. A request past ``timeout`` seconds is dropped and raises
         :class:`RequestTimeoutError`; ``deadline`` (``time.monotonic()``) is the same for a
         request that already spent part of its ``timeout`` (fetching its inputs). ``dates``
-        as for :meth:`Engine.prepare_request`.
+        as for :meth:`Engine.prepare_request`. ``patch_keys`` names the request's patches in a
+        :class:`~geoserve.engine.patch_cache.PatchCache` (patches found there do not run).
         """
         budget = timeout
         if deadline is not None:
@@ -167,6 +170,7 @@ class AsyncEngine:
             priority=priority,
             dates=dates,
         )
+        req.patch_keys = patch_keys
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Any] = loop.create_future()
         try:

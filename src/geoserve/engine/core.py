@@ -41,6 +41,7 @@ from geoserve.engine.limits import (
 )
 from geoserve.engine.model_loader import build_model, resolve_model
 from geoserve.engine.output import OutputStage
+from geoserve.engine.patch_cache import remember_all, split_cached
 from geoserve.engine.request import Patch
 from geoserve.engine.runner import ModelRunner
 from geoserve.engine.runner import resolve_dtype as _resolve_dtype
@@ -263,12 +264,16 @@ class Engine(Admission):
         if not batch and not sched.failed and sched.wait_for_reads():
             # a row arrived while we waited
             batch = sched.fill_batch(self.max_batch_patches, self.config.cross_request_batching)
+        batch, cached, caches = split_cached(batch, self.runner.device)  # (map tiles)
+        for part in cached:
+            self.output.stitch(part)
         self.last_batch_size = len(batch)
         for part in self.runner.run(batch):  # in parts when a forward pass fails
             if part.error is not None:
                 sched.fail_batch(part.patches, part.error)
             else:
                 self.output.stitch(part)
+                remember_all(caches, part)
         for req in sched.live():
             self.output.emit(req, self.config.streaming)
         for req in sched.take_complete():

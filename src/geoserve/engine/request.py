@@ -22,12 +22,15 @@ from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from geoserve.engine.canvas import Canvas, RowBand
+
+if TYPE_CHECKING:
+    from geoserve.engine.patch_cache import PatchKeys
 from geoserve.engine.prefetch import RowPrefetcher
 from geoserve.engine.products import Product, commit_all
 from geoserve.errors import GeoServeError
@@ -106,6 +109,7 @@ class Request:
     token_size: int | None = None
     token_canvas: Canvas | None = field(init=False, default=None)
     token_channels: int | None = None
+    patch_keys: PatchKeys | None = None  # its patches' keys in a shared cache (map tiles)
     _rows: RowPrefetcher[PatchRow] = field(init=False)
     _waited_on: Future[PatchRow] | None = field(default=None, init=False, repr=False)
 

@@ -50,6 +50,7 @@ from geoserve.server.api_models import (
 )
 from geoserve.server.errors import error_body, status_for
 from geoserve.server.gather import Items, as_items, count_items, gather, parse_multipart
+from geoserve.server.maps import MapRoutes
 from geoserve.server.metrics import Metrics
 from geoserve.server.middleware import ClientDisconnected, GuardMiddleware
 from geoserve.server.settings import ServerSettings
@@ -332,6 +333,7 @@ class _Service:
                 "kinds": [getattr(p, "kind", "raw") for p in eng.engine.out_procs],
                 "available_kinds": list(eng.engine.kinds_offered()),
                 "classes": list(getattr(out, "classes", ())),
+                "colors": [list(c) for c in getattr(out, "colors", None) or ()],
             }
             cfg = eng.engine.config
             entry["runtime"] = {  # how it runs: the speed options, and which were validated
@@ -428,6 +430,7 @@ def create_app(settings: ServerSettings, *, engine: Engine | None = None) -> Fas
     app.add_api_route("/health/live", svc.live, methods=["GET"], response_model=None)
     app.add_api_route("/health/ready", svc.ready, methods=["GET"], response_model=None)
     app.add_api_route("/metrics", svc.metrics_route, methods=["GET"], response_model=None)
+    MapRoutes(settings, svc.ready_engine, svc.metrics).register(app)  # tiles, scenes, page
     return app
 
 

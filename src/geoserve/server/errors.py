@@ -9,6 +9,7 @@ from geoserve.errors import (
     GeoServeError,
     InputError,
     ModelExecutionError,
+    NotFoundError,
     OutputSpaceError,
     PayloadTooLargeError,
     QueueFullError,
@@ -16,6 +17,7 @@ from geoserve.errors import (
     RequestTimeoutError,
     ShuttingDownError,
     UnknownNameError,
+    ZoomTooLowError,
 )
 
 # first match wins: subclasses before their parents
@@ -26,6 +28,8 @@ STATUS_TABLE: tuple[tuple[type[Exception], int], ...] = (
     (ForbiddenInputError, 403),
     (RequestTimeoutError, 504),
     (UnknownNameError, 404),
+    (NotFoundError, 404),
+    (ZoomTooLowError, 422),
     (ModelExecutionError, 500),
     (OutputSpaceError, 507),  # the output's disk is full: another replica may have room
     (RasterReadError, 400),

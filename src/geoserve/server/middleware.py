@@ -10,6 +10,7 @@ turns any unexpected exception into a JSON 500 without a traceback.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import hmac
 import json
@@ -23,7 +24,13 @@ from geoserve.server.metrics import Metrics
 from geoserve.server.settings import ServerSettings
 
 logger = logging.getLogger("geoserve.server")
-ROUTES = {"/v1/images", "/pooling", "/v1/models", "/metrics"}
+ROUTES = {"/v1/images", "/pooling", "/v1/models", "/metrics", "/v1/scenes", "/"}
+
+
+def _page(scope: Scope) -> bool:
+    """The map page and its files: what a browser opens by itself."""
+    path: str = scope["path"]
+    return path == "/" or path.startswith("/ui/")
 
 
 class BodyTooLarge(Exception):
@@ -88,6 +95,11 @@ class GuardMiddleware:
         auth = headers.get("authorization", "")
         if auth.lower().startswith("bearer "):
             given = auth[7:].strip()
+        elif auth.lower().startswith("basic "):  # a browser on the map page: the password
+            try:
+                given = base64.b64decode(auth[6:].strip()).decode().partition(":")[2]
+            except (ValueError, UnicodeDecodeError):
+                given = ""
         return hmac.compare_digest(given.encode(), key.encode())
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -115,7 +127,8 @@ class GuardMiddleware:
                 send,
                 401,
                 error_body("missing or wrong API key", 401, "Unauthorized"),
-                {"WWW-Authenticate": "Bearer"},
+                # a browser asks its user for the key (as the password) for the map page
+                {"WWW-Authenticate": 'Basic realm="geoserve"' if _page(scope) else "Bearer"},
             )
             return
         retry = {"Retry-After": str(self.settings.retry_after_s)}

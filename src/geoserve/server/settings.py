@@ -52,11 +52,25 @@ class ServerFields(BaseModel):
     """'range': read URL inputs in place by HTTP range requests (GDAL /vsicurl/) when the host
     supports them; 'download': always fetch the whole file first."""
     api_key: str | None = Field(default_factory=lambda: os.environ.get("GEOSERVE_API_KEY"))
-    """Key every route but /health/* requires (Bearer or X-API-Key); env GEOSERVE_API_KEY."""
+    """Key every route but /health/* requires (Bearer, X-API-Key, or as the password of HTTP
+    Basic, which the map page's browser asks for); env GEOSERVE_API_KEY."""
     shutdown_timeout_s: float = Field(30.0, ge=0)
     """On SIGTERM, how long in-flight requests may take to finish while new ones get 503."""
     retry_after_s: int = Field(1, ge=0)
     """Retry-After value sent with 503 responses."""
+    ui: bool = False
+    """Serve the map page at / (upload a scene, see prediction tiles over it)."""
+    basemap_url: str | None = None
+    """XYZ URL template of a basemap under the map page (https://.../{z}/{x}/{y}.png); none by
+    default: the page then fetches nothing from elsewhere."""
+    tile_cache_mb: float = Field(512.0, ge=0)
+    """Memory for predicted patches kept for map tiles (least recently used dropped first)."""
+    max_scenes: int = Field(16, ge=1)
+    """Most scenes uploaded for map tiles (POST /v1/scenes) kept at once."""
+    max_scenes_mb: float = Field(2048.0, gt=0)
+    """Most megabytes of uploaded scenes kept at once (under --output-dir/scenes)."""
+    scene_ttl_s: float = Field(3600.0, gt=0)
+    """An uploaded scene is removed this long after its last use."""
     allow_hub_weights: bool = False
     """Let --weights be a Hub reference (hf://...), fetched from huggingface.co (or HF_ENDPOINT)
     at start-up; off: the server refuses to start with one."""

@@ -1,0 +1,129 @@
+"""A cache of the model's outputs per patch, for requests that ask for one (map tiles).
+
+Map tiles of one scene overlap in patches: neighbouring tiles, and the same area at the next
+zoom level, need many of the same patches. A request given a :class:`PatchKeys` names each of
+its patches by a key that identifies the patch's input (the scene's identity and the patch's
+place on the scene's own grid); :meth:`PatchCache.split` takes the patches whose output is
+cached out of a batch before the forward pass, and :meth:`PatchCache.remember` keeps the
+outputs of those that ran. The cache is bounded in bytes and forgets the least recently used
+patch first (``cachetools.LRUCache``); it is shared by the requests that hold it and used only
+from the engine's thread, with a lock for the counters read elsewhere.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+from cachetools import LRUCache
+from numpy.typing import NDArray
+
+if TYPE_CHECKING:
+    from geoserve.engine.request import Patch
+    from geoserve.engine.runner import BatchOutput
+
+
+class PatchCache:
+    """Model outputs (C, P, P) float32 by patch key, at most ``max_bytes`` of them."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._lru: LRUCache[Hashable, NDArray[np.float32]] = LRUCache(
+            maxsize=max(1, max_bytes), getsizeof=lambda a: max(1, a.nbytes)
+        )
+        self._lock = threading.Lock()
+        self.hits = 0
+        self.misses = 0
+
+    @property
+    def bytes(self) -> int:
+        """Bytes held."""
+        with self._lock:
+            return int(self._lru.currsize)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._lru)
+
+    def split(
+        self, batch: list[Patch], device: torch.device
+    ) -> tuple[list[Patch], BatchOutput | None]:
+        """``batch`` without the patches whose output is cached, and those as an output."""
+        from geoserve.engine.runner import BatchOutput
+
+        rest: list[Patch] = []
+        hits: list[Patch] = []
+        outs: list[NDArray[np.float32]] = []
+        with self._lock:
+            for patch in batch:
+                keys = patch.request.patch_keys
+                key = keys.key(patch.row, patch.col) if keys and keys.cache is self else None
+                found = self._lru.get(key) if key is not None else None
+                if found is None:
+                    rest.append(patch)
+                    self.misses += key is not None
+                else:
+                    hits.append(patch)
+                    outs.append(found)
+                    self.hits += 1
+        if not hits:
+            return batch, None
+        host = np.stack(outs)
+        return rest, BatchOutput(hits, torch.from_numpy(host).to(device), host)
+
+    def remember(self, part: BatchOutput) -> None:
+        """Keep the outputs of ``part``'s patches that have a key for this cache."""
+        if part.out is None:
+            return
+        with self._lock:
+            for i, patch in enumerate(part.patches):
+                keys = patch.request.patch_keys
+                if keys is None or keys.cache is not self:
+                    continue
+                key = keys.key(patch.row, patch.col)
+                if key is None:
+                    continue
+                out = part.host[i] if part.host is not None else part.out[i].cpu().numpy()
+                value = np.array(out, dtype=np.float32, copy=True)
+                if value.nbytes <= self.max_bytes:
+                    self._lru[key] = value
+
+
+@dataclass(frozen=True)
+class PatchKeys:
+    """How one request's patches are named in a :class:`PatchCache`.
+
+    ``key(row, col)`` is the key of the request's grid patch (row, col), or None for a patch
+    whose input is not the scene's own (one filled at the edge of a cut-out); see
+    :mod:`geoserve.tiles.plan`.
+    """
+
+    cache: PatchCache
+    key: Callable[[int, int], Hashable | None]
+
+
+def split_cached(
+    batch: list[Patch], device: torch.device
+) -> tuple[list[Patch], list[BatchOutput], list[PatchCache]]:
+    """The patches to run, the cached outputs of the others, and the caches involved."""
+    caches: list[PatchCache] = []
+    for patch in batch:
+        keys = patch.request.patch_keys
+        if keys is not None and all(keys.cache is not c for c in caches):
+            caches.append(keys.cache)
+    found: list[BatchOutput] = []
+    for cache in caches:
+        batch, part = cache.split(batch, device)
+        if part is not None:
+            found.append(part)
+    return batch, found, caches
+
+
+def remember_all(caches: list[PatchCache], part: Any) -> None:
+    """Keep ``part``'s outputs in every cache of its requests."""
+    for cache in caches:
+        cache.remember(part)

@@ -1,0 +1,296 @@
+"""Map tiles of a scene: the model's prediction computed for just the tile, or the scene itself.
+
+:class:`TileService` answers one tile at a time on an
+:class:`~geoserve.engine.AsyncEngine`: a prediction tile is the cut-out of
+:mod:`~geoserve.tiles.plan` submitted as a request like any other (so concurrent tiles, and
+whole-scene requests, share batches), its patches named in the service's
+:class:`~geoserve.engine.patch_cache.PatchCache` (a patch already predicted for a neighbouring
+tile or another zoom does not run again); the blended raw outputs of the inner window become
+classes (nearest) or confidence (bilinear) on the tile. ``kind="input"`` draws the scene in
+true colour from the model's band roles. Below the scene's on-demand zoom
+(:func:`~geoserve.tiles.mercator.min_zoom`) a tile comes from the stored whole-scene
+prediction when there is one, else :class:`~geoserve.errors.ZoomTooLowError`.
+
+Sources are resolved and checked by the caller (the server's trust rules): the service gets
+a :class:`TileSource`, a path GDAL may open and an identity that changes with the content.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import uuid
+from collections.abc import Hashable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import rasterio
+from numpy.typing import NDArray
+from rasterio.enums import Resampling
+from rasterio.vrt import WarpedVRT
+from rasterio.windows import Window
+
+from geoserve.engine.patch_cache import PatchCache, PatchKeys
+from geoserve.errors import InputError, ZoomTooLowError
+from geoserve.raster.source import DatasetSource, RasterArray, open_raster
+from geoserve.tiles.mercator import (
+    MAX_SCENE_PIXELS_PER_TILE_PIXEL,
+    TILE,
+    WEB_MERCATOR,
+    min_zoom,
+    tile_transform,
+)
+from geoserve.tiles.plan import SceneGeometry, TilePlan, plan_tile
+from geoserve.tiles.render import (
+    EMPTY,
+    classes_rgba,
+    png,
+    ramp_rgba,
+    true_colour_rgba,
+    warp_to_tile,
+)
+
+TileKind = Literal["classes", "confidence", "input"]
+TILE_KINDS: tuple[str, ...] = ("classes", "confidence", "input")
+
+
+@dataclass(frozen=True)
+class TileSource:
+    """A scene to tile: ``path`` for GDAL (a file or ``/vsicurl/`` URL), checked by the caller.
+
+    ``identity`` names its content for the patch cache: the path with its modification time
+    and size, or a URL with its ETag. ``prediction`` is a stored whole-scene class map of it,
+    used below the on-demand zoom.
+    """
+
+    name: str
+    path: str
+    identity: Hashable
+    prediction: Path | None = None
+
+
+class TileService:
+    """Prediction and true-colour tiles on one engine; see the module docstring."""
+
+    def __init__(
+        self, engine: Any, cache: PatchCache, formats: tuple[str, ...], timeout_s: float
+    ) -> None:
+        self.engine = engine  # an AsyncEngine
+        self.cache = cache
+        self.formats = formats
+        self.timeout_s = timeout_s
+        self.tiles_run = 0  # prediction tiles that ran a request (the rest: empty or stored)
+
+    @property
+    def _model(self) -> Any:
+        return self.engine.engine
+
+    def geometry(self, source: TileSource) -> SceneGeometry:
+        """The scene's grid (opened through the trust rules, headers only)."""
+        return _geometry(source.path, source.identity, self.formats)
+
+    def zoom_range(self, source: TileSource) -> tuple[int, int]:
+        """(on-demand min zoom, a zoom deep enough to see single pixels) of the scene."""
+        g = self.geometry(source)
+        z = min_zoom(g.crs, g.transform, g.width, g.height)
+        return z, min(24, z + 5)
+
+    async def tile(self, source: TileSource, z: int, x: int, y: int, kind: TileKind) -> bytes:
+        """The PNG of tile ``(z, x, y)`` of ``source`` (transparent outside it).
+
+        Raises:
+            InputError: ``kind`` is not one this model can draw.
+            ZoomTooLowError: below the on-demand zoom, with no stored prediction.
+            GeoServeError: the scene cannot be read or the request failed.
+        """
+        if kind not in TILE_KINDS:
+            raise InputError(f"kind: {kind!r} is not a tile kind; choose {', '.join(TILE_KINDS)}")
+        geometry = await asyncio.to_thread(self.geometry, source)
+        if kind == "input":
+            return await asyncio.to_thread(self._input_tile, source, geometry, z, x, y)
+        classes = self.class_names()
+        if kind == "classes" and not classes:
+            raise InputError(
+                f"kind: model {self._model.spec.name!r} gives no classes; ask for kind=input"
+            )
+        zmin = min_zoom(geometry.crs, geometry.transform, geometry.width, geometry.height)
+        if z < zmin:
+            if source.prediction is not None and source.prediction.exists():
+                return await asyncio.to_thread(self.stored_tile, source.prediction, z, x, y, kind)
+            raise ZoomTooLowError(
+                f"zoom {z}: {source.name} is predicted on demand from zoom {zmin} (a tile "
+                f"pixel at most {MAX_SCENE_PIXELS_PER_TILE_PIXEL} scene pixels wide); zoom in "
+                f"to level >= {zmin}, or run the whole scene first"
+            )
+        grid = self._model.in_proc
+        plan = plan_tile(geometry, z, x, y, grid.patch_size, grid.stride)
+        if plan is None:
+            return EMPTY
+        raw = await self._predict(source, plan, f"{z}/{x}/{y}")
+        return await asyncio.to_thread(self._render, raw, geometry, plan, z, x, y, kind)
+
+    # -- prediction tiles ----------------------------------------------------------------------
+
+    def class_names(self) -> list[str]:
+        """The model's class names (none for a model without classes)."""
+        out = self._model.model_out_proc  # the model's own processor: its classes, colours
+        return list(getattr(out, "classes", ()) or ())
+
+    def colors(self) -> list[tuple[int, int, int]]:
+        """The model's class colours (its output processor's, else a default palette)."""
+        out = self._model.model_out_proc
+        colors = getattr(out, "colors", None)
+        n = len(self.class_names())
+        if colors and len(colors) >= n:
+            return [tuple(c)[:3] for c in colors[:n]]  # type: ignore[misc]
+        from matplotlib import colormaps
+
+        tab = colormaps["tab10" if n <= 10 else "tab20"]
+        return [tuple(int(v * 255) for v in tab(i % tab.N)[:3]) for i in range(n)]  # type: ignore[misc]
+
+    async def _predict(self, source: TileSource, plan: TilePlan, label: str) -> NDArray[Any]:
+        array = await asyncio.to_thread(_read_cut, source, plan, self.formats)
+        result = await self.engine.submit(
+            RasterArray(array.data, array.profile, f"{source.name} tile {label}"),
+            request_id=f"tile-{uuid.uuid4().hex}",
+            out_format="tensor",
+            output_kind=["raw"],
+            timeout=self.timeout_s,
+            patch_keys=PatchKeys(self.cache, plan.key),
+        )
+        result.raise_for_error()
+        self.tiles_run += 1
+        rows, cols = plan.inner_in_cut
+        return result.outputs.tensor.numpy()[:, rows, cols]  # type: ignore[no-any-return]
+
+    def _render(
+        self,
+        raw: NDArray[Any],
+        g: SceneGeometry,
+        plan: TilePlan,
+        z: int,
+        x: int,
+        y: int,
+        kind: TileKind,
+    ) -> bytes:
+        transform = rasterio.windows.transform(plan.inner, g.transform)
+        valid = np.isfinite(raw).all(axis=0)
+        if kind == "classes":
+            codes = np.where(valid, np.nan_to_num(raw).argmax(axis=0), np.nan)
+            values = codes.astype(np.float32)[None]
+            tile = warp_to_tile(values, transform, g.crs, z, x, y, Resampling.nearest)
+            return png(classes_rgba(tile[0], self.colors()))
+        shifted = np.nan_to_num(raw) - np.nan_to_num(raw).max(axis=0, keepdims=True)
+        probs = np.exp(shifted)
+        conf = np.where(valid, probs.max(axis=0) / probs.sum(axis=0), np.nan).astype(np.float32)
+        tile = warp_to_tile(conf[None], transform, g.crs, z, x, y, Resampling.bilinear)
+        return png(ramp_rgba(tile[0], 1.0 / max(raw.shape[0], 1), 1.0))
+
+    def stored_tile(self, path: Path, z: int, x: int, y: int, kind: TileKind) -> bytes:
+        """A tile of a stored whole-scene output (a class map: classes; else a ramp)."""
+        with rasterio.open(path) as ds:
+            resampling = Resampling.nearest if kind == "classes" else Resampling.bilinear
+            with WarpedVRT(
+                ds,
+                crs=WEB_MERCATOR,
+                transform=tile_transform(z, x, y),
+                width=TILE,
+                height=TILE,
+                resampling=resampling,
+                nodata=ds.nodata,
+            ) as vrt:
+                data = vrt.read(1, masked=True).astype(np.float32).filled(np.nan)
+        if kind == "classes":
+            return png(classes_rgba(data, self.colors()))
+        return png(ramp_rgba(data, 1.0 / max(len(self.class_names()), 1), 1.0))
+
+    # -- true colour -------------------------------------------------------------------------
+
+    def _input_tile(self, source: TileSource, g: SceneGeometry, z: int, x: int, y: int) -> bytes:
+        bands, lo, hi = _true_colour(
+            source.path, source.identity, self.formats, self._roles(source)
+        )
+        plan = plan_tile(g, z, x, y, 1, 1)
+        if plan is None:
+            return EMPTY
+        with _open(source.path, self.formats) as src:
+            data = src.dataset.read(bands, window=plan.inner, masked=True)
+        values = data.astype(np.float32).filled(np.nan)
+        transform = rasterio.windows.transform(plan.inner, g.transform)
+        tile = warp_to_tile(values, transform, g.crs, z, x, y, Resampling.bilinear)
+        return png(true_colour_rgba(tile, lo, hi))
+
+    def _roles(self, source: TileSource) -> tuple[tuple[int, str], ...]:
+        in_proc = self._model.in_proc
+        with _open(source.path, self.formats) as src:
+            try:
+                return tuple(sorted(in_proc.band_roles_for(src.info).items()))
+            except Exception:  # the file does not fit the model: no roles
+                return ()
+
+
+def _open(path: str, formats: tuple[str, ...]) -> DatasetSource:
+    src = open_raster(path, "path" if not path.startswith("/vsicurl/") else "auto", formats=formats)
+    if not isinstance(src, DatasetSource):  # (paths and URLs always open as datasets)
+        src.close()
+        raise InputError(f"{path}: not a file")
+    return src
+
+
+@functools.lru_cache(maxsize=64)
+def _geometry(path: str, identity: Hashable, formats: tuple[str, ...]) -> SceneGeometry:
+    with _open(path, formats) as src:
+        info = src.info
+    if not info.is_georeferenced:
+        raise InputError(f"{info.name}: has no CRS or transform; a map cannot place it")
+    return SceneGeometry(identity, info.crs, info.transform, info.width, info.height)
+
+
+@functools.lru_cache(maxsize=64)
+def _true_colour(
+    path: str,
+    identity: Hashable,
+    formats: tuple[str, ...],
+    roles: tuple[tuple[int, str], ...],
+) -> tuple[list[int], list[float], list[float]]:
+    """The 1-based bands drawn as red, green, blue and their 2-98 % stretch over the scene."""
+    from geoserve.quicklook import choose_bands
+    from geoserve.raster.thumbnail import read_thumbnail
+
+    with _open(path, formats) as src:
+        ds = src.dataset
+        bands, _ = choose_bands(ds, dict(roles))
+        if len(bands) == 1:
+            bands = bands * 3
+        thumb = read_thumbnail(ds, bands, 512)
+    lo, hi = [], []
+    for band in thumb.astype(np.float64):
+        values = band.compressed()
+        a, b = np.percentile(values, (2, 98)) if values.size else (0.0, 1.0)
+        lo.append(float(a))
+        hi.append(float(b))
+    return bands, lo, hi
+
+
+@dataclass
+class _Cut:
+    data: NDArray[Any]
+    profile: dict[str, Any]
+
+
+def _read_cut(source: TileSource, plan: TilePlan, formats: tuple[str, ...]) -> _Cut:
+    """The cut-out of the scene a tile's request runs on, with its grid and metadata."""
+    with _open(source.path, formats) as src:
+        ds = src.dataset
+        window = Window(*plan.cut.flatten())
+        data = ds.read(window=window)
+        profile = {
+            "crs": ds.crs,
+            "transform": ds.window_transform(window),
+            "nodata": ds.nodata,
+            "descriptions": tuple(ds.descriptions),
+            "tags": ds.tags(),
+        }
+    return _Cut(data, profile)

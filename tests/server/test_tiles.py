@@ -1,0 +1,252 @@
+"""Map tiles of predictions, computed on demand, over a real uvicorn on 127.0.0.1."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import re
+
+import httpx
+import numpy as np
+import pytest
+import rasterio
+from rasterio.enums import Resampling
+from rasterio.io import MemoryFile
+from rasterio.warp import reproject, transform
+
+from geoserve import Engine
+from geoserve.tiles.mercator import WEB_MERCATOR, min_zoom, tile_transform
+from geoserve.tiles.plan import SceneGeometry, plan_tile
+from tests.conftest import LAKE
+from tests.server.conftest import running_server
+
+WATER = (31, 120, 220)
+LAND = (230, 230, 220)
+
+
+def tile_of(lon: float, lat: float, z: int) -> tuple[int, int]:
+    n = 1 << z
+    x = int((lon + 180) / 360 * n)
+    y = int((1 - math.asinh(math.tan(math.radians(lat))) / math.pi) / 2 * n)
+    return x, y
+
+
+def lake_centre() -> tuple[float, float]:
+    with rasterio.open(LAKE) as src:
+        cx, cy = src.transform * (src.width / 2, src.height / 2)
+        lon, lat = transform(src.crs, "EPSG:4326", [cx], [cy])
+    return lon[0], lat[0]
+
+
+def lake_zoom() -> int:
+    with rasterio.open(LAKE) as src:
+        return min_zoom(src.crs, src.transform, src.width, src.height)
+
+
+def rgba(png: bytes) -> np.ndarray:
+    with MemoryFile(png) as mem, mem.open() as ds:
+        assert ds.driver == "PNG"
+        return ds.read()
+
+
+def codes(tile: np.ndarray) -> np.ndarray:
+    """Class codes of a classes tile (-1: transparent)."""
+    out = np.full(tile.shape[1:], -1)
+    for code, rgb in enumerate((LAND, WATER)):
+        out[(tile[:3] == np.array(rgb)[:, None, None]).all(axis=0) & (tile[3] > 0)] = code
+    assert ((out >= 0) == (tile[3] > 0)).all()  # every drawn pixel has a class colour
+    return out
+
+
+@pytest.fixture(scope="module")
+def full_classes() -> np.ndarray:
+    out = Engine("demo-water").generate_image(LAKE, out_format="tensor").outputs
+    return out.tensor[0].numpy()
+
+
+def test_a_tile_equals_the_whole_scene_prediction_on_its_grid(tmp_path, full_classes):
+    z = lake_zoom() + 1
+    x, y = tile_of(*lake_centre(), z)
+    with running_server(model="demo-water", allowed_input_dirs=[LAKE.parent]) as url:
+        resp = httpx.get(f"{url}/v1/tiles/{z}/{x}/{y}.png", params={"source": str(LAKE)})
+        assert resp.status_code == 200, resp.text
+        assert resp.headers["content-type"] == "image/png"
+        conf = httpx.get(
+            f"{url}/v1/tiles/{z}/{x}/{y}.png", params={"source": str(LAKE), "kind": "confidence"}
+        )
+        assert conf.status_code == 200
+        true_colour = httpx.get(
+            f"{url}/v1/tiles/{z}/{x}/{y}.png", params={"source": str(LAKE), "kind": "input"}
+        )
+        outside = httpx.get(f"{url}/v1/tiles/{z}/0/0.png", params={"source": str(LAKE)})
+    got = codes(rgba(resp.content))
+    want = np.full((256, 256), np.nan, dtype=np.float32)
+    with rasterio.open(LAKE) as src:
+        reproject(
+            full_classes.astype(np.float32),
+            want,
+            src_transform=src.transform,
+            src_crs=src.crs,
+            dst_transform=tile_transform(z, x, y),
+            dst_crs=WEB_MERCATOR,
+            dst_nodata=np.nan,
+            resampling=Resampling.nearest,
+        )
+    both = (got >= 0) & np.isfinite(want)
+    assert both.mean() > 0.5  # the tile is well inside the scene
+    assert (got[both] == want[both]).mean() >= 0.98
+    assert set(np.unique(got[both])) == {0, 1}  # water and land in this tile
+    c = rgba(conf.content)
+    assert (c[3] > 0).sum() == (got >= 0).sum()  # the same pixels drawn
+    t = rgba(true_colour.content)
+    assert (t[3] > 0).mean() > 0.5
+    assert t[:3, t[3] > 0].std() > 5  # a picture, not a flat colour
+    assert (rgba(outside.content)[3] == 0).all()  # outside the scene: transparent
+
+
+def test_a_tile_runs_only_its_patches_once(spy_model):
+    name, seen = spy_model("demo-water")
+    z = lake_zoom() + 2
+    x, y = tile_of(*lake_centre(), z)
+    with rasterio.open(LAKE) as src:
+        geometry = SceneGeometry("lake", src.crs, src.transform, src.width, src.height)
+    plan = plan_tile(geometry, z, x, y, 224, 192)
+    assert plan is not None
+    per_axis = [math.ceil(plan.cut.height / 192), math.ceil(plan.cut.width / 192)]
+    with running_server(model=name, allowed_input_dirs=[LAKE.parent], warmup=False) as url:
+        first = httpx.get(f"{url}/v1/tiles/{z}/{x}/{y}.png", params={"source": str(LAKE)})
+        ran = sum(len(b) for b in seen)
+        again = httpx.get(f"{url}/v1/tiles/{z}/{x}/{y}.png", params={"source": str(LAKE)})
+        metrics = httpx.get(f"{url}/metrics").text
+    assert first.status_code == again.status_code == 200
+    assert ran == per_axis[0] * per_axis[1]  # the patches of the tile's cut-out, no more
+    assert ran < 32  # the whole lake scene has 32
+    assert sum(len(b) for b in seen) == ran  # the same tile again: no patch ran
+    assert again.content == first.content
+    hits = float(re.search(r"^geoserve_tile_cache_hits_total (\S+)$", metrics, re.M).group(1))
+    assert hits == ran
+
+
+def test_concurrent_tiles_share_batches():
+    z = lake_zoom() + 2
+    x0, y0 = tile_of(*lake_centre(), z)
+    tiles = [(x0 + dx, y0 + dy) for dx in range(-4, 4) for dy in range(-4, 4)]
+    assert len(tiles) == 64
+    with running_server(
+        model="demo-water", allowed_input_dirs=[LAKE.parent], max_batch_patches=16
+    ) as url:
+
+        async def fetch_all() -> list[httpx.Response]:
+            async with httpx.AsyncClient(base_url=url, timeout=120) as client:
+                return await asyncio.gather(
+                    *(
+                        client.get(f"/v1/tiles/{z}/{x}/{y}.png", params={"source": str(LAKE)})
+                        for x, y in tiles
+                    )
+                )
+
+        answers = asyncio.run(fetch_all())
+        metrics = httpx.get(f"{url}/metrics").text
+    assert [r.status_code for r in answers] == [200] * 64
+    drawn = sum(bool((rgba(r.content)[3] > 0).any()) for r in answers)
+    assert drawn >= 20  # tiles over the scene; the rest transparent
+    total = float(re.search(r"^geoserve_batch_size_sum (\S+)$", metrics, re.M).group(1))
+    count = float(re.search(r"^geoserve_batch_size_count (\S+)$", metrics, re.M).group(1))
+    assert total / count > 1  # tiles' patches went through the model together
+
+
+def test_low_zooms_need_a_stored_prediction_and_scenes_are_uploaded(tmp_path, full_classes):
+    z = lake_zoom()
+    with running_server(model="demo-water", output_dir=tmp_path, max_scenes=1) as url:
+        up = httpx.post(
+            f"{url}/v1/scenes", files={"file": ("lake.tif", LAKE.read_bytes(), "image/tiff")}
+        )
+        assert up.status_code == 201, up.text
+        scene = up.json()
+        assert scene["minzoom"] == z
+        assert scene["width"] == 1536
+        lon, lat = lake_centre()
+        west, south, east, north = scene["bounds"]
+        assert west < lon < east
+        assert south < lat < north
+        full = httpx.post(f"{url}/v1/scenes", content=LAKE.read_bytes())
+        assert full.status_code == 503  # one scene at most
+        assert "scene store is full" in full.json()["message"]
+        x, y = tile_of(lon, lat, z - 3)
+        low = httpx.get(f"{url}/v1/tiles/{z - 3}/{x}/{y}.png", params={"source": scene["id"]})
+        assert low.status_code == 422
+        assert f"zoom in to level >= {z}" in low.json()["message"]
+        done = httpx.post(f"{url}/v1/scenes/{scene['id']}/predict", timeout=120)
+        assert done.status_code == 200, done.text
+        tif = httpx.get(f"{url}/{done.json()['download']}")
+        low = httpx.get(f"{url}/v1/tiles/{z - 3}/{x}/{y}.png", params={"source": scene["id"]})
+        gone = httpx.delete(f"{url}/v1/scenes/{scene['id']}")
+        after = httpx.get(f"{url}/v1/scenes/{scene['id']}")
+    assert tif.status_code == 200
+    with MemoryFile(tif.content) as mem, mem.open() as ds:
+        np.testing.assert_array_equal(ds.read(1), full_classes)
+        assert ds.overviews(1)  # for the low zooms' tiles
+    assert low.status_code == 200
+    assert (codes(rgba(low.content)) == 1).any()  # the lake, drawn from the stored map
+    assert gone.status_code == 204
+    assert after.status_code == 404
+    assert "not found" in after.json()["message"]
+    assert not list((tmp_path / "scenes").glob("scn-*"))  # its files removed
+
+
+def test_tile_sources_follow_the_trust_rules_and_the_key_guards_tiles_and_page(tmp_path):
+    key = "s3cret-key"
+    vrt = tmp_path / "evil.vrt"
+    vrt.write_text('<VRTDataset rasterXSize="1" rasterYSize="1"></VRTDataset>')
+    z = lake_zoom() + 1
+    x, y = tile_of(*lake_centre(), z)
+    tile = f"/v1/tiles/{z}/{x}/{y}.png"
+    auth = {"Authorization": f"Bearer {key}"}
+    with running_server(
+        model="demo-water",
+        allowed_input_dirs=[LAKE.parent],
+        allowed_url_domains=["example.org"],
+        output_dir=tmp_path / "out",
+        api_key=key,
+        ui=True,
+    ) as url:
+        get = lambda path, **kw: httpx.get(f"{url}{path}", **kw)  # noqa: E731
+        assert get(tile, params={"source": str(LAKE)}).status_code == 401
+        assert get(tile, params={"source": str(LAKE)}, headers=auth).status_code == 200
+        for source, status, words in (
+            ("/etc/passwd", 403, "outside the allowed input directories"),
+            (str(vrt), 403, "outside the allowed input directories"),
+            ("https://elsewhere.net/a.tif", 403, "elsewhere.net"),
+            ("output:../../etc/passwd", 403, "not an output file name"),
+            ("output:nothing.tif", 404, "not found"),
+            ("scn-" + "0" * 32, 404, "not found"),
+        ):
+            resp = get(tile, params={"source": source}, headers=auth)
+            assert resp.status_code == status, (source, resp.text)
+            assert words in resp.json()["message"]
+            assert "Traceback" not in resp.text
+        bad_kind = get(tile, params={"source": str(LAKE), "kind": "polygons"}, headers=auth)
+        assert bad_kind.status_code == 400
+        assert "not a tile kind" in bad_kind.json()["message"]
+        assert (
+            get("/v1/tiles/3/9/0.png", params={"source": str(LAKE)}, headers=auth).status_code
+            == 400
+        )
+        upload = httpx.post(
+            f"{url}/v1/scenes", files={"file": ("evil.vrt", vrt.read_bytes())}, headers=auth
+        )
+        assert upload.status_code in (400, 403)
+        assert "upload 'evil.vrt'" in upload.json()["message"]
+        page = get("/")
+        assert page.status_code == 401
+        assert page.headers["www-authenticate"] == 'Basic realm="geoserve"'
+        page = get("/", auth=("any", key))
+        assert page.status_code == 200
+        assert "leaflet.js" in page.text
+        assert get("/ui/app.js", auth=("any", key)).status_code == 200
+        assert get("/ui/../settings.py", auth=("any", key)).status_code == 404
+        assert get("/ui/config.json", auth=("any", "wrong")).status_code == 401
+        config = get("/ui/config.json", auth=("any", key)).json()
+    assert config["classes"] == ["not water", "water"]
+    assert config["colors"] == [list(LAND), list(WATER)]
+    assert config["basemap_url"] is None
