@@ -32,7 +32,7 @@ def water_point() -> tuple[float, float]:
     rows, cols = rows + r, cols + r
     i = len(rows) // 2
     with rasterio.open(LAKE) as src:
-        x, y = src.transform * (cols[i] + 0.5, rows[i] + 0.5)
+        x, y = src.transform @ (cols[i] + 0.5, rows[i] + 0.5)
         lon, lat = rasterio.warp.transform(src.crs, "EPSG:4326", [x], [y])
     return lat[0], lon[0]
 
@@ -69,8 +69,11 @@ def test_the_page_uploads_a_scene_and_shows_its_prediction_tiles(tmp_path):
             " return [Math.round(p.x + m.left), Math.round(p.y + m.top)]; })()"
         )
         shot = page.screenshot()
-        if os.environ.get("GEOSERVE_UPDATE_SCREENSHOT"):
-            (DOCS / "map_page.png").write_bytes(shot)
+        if os.environ.get("GEOSERVE_UPDATE_SCREENSHOT"):  # docs/serving.md's picture
+            page.fill("#opacity", "60")
+            page.dispatch_event("#opacity", "input")
+            page.wait_for_timeout(300)
+            (DOCS / "map_page.png").write_bytes(page.screenshot())
         browser.close()
     assert legend.split() == ["not", "water", "water"]
     assert requested, "the page made no requests"

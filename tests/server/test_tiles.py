@@ -33,7 +33,7 @@ def tile_of(lon: float, lat: float, z: int) -> tuple[int, int]:
 
 def lake_centre() -> tuple[float, float]:
     with rasterio.open(LAKE) as src:
-        cx, cy = src.transform * (src.width / 2, src.height / 2)
+        cx, cy = src.transform @ (src.width / 2, src.height / 2)
         lon, lat = transform(src.crs, "EPSG:4326", [cx], [cy])
     return lon[0], lat[0]
 
@@ -150,8 +150,8 @@ def test_concurrent_tiles_share_batches():
     assert [r.status_code for r in answers] == [200] * 64
     drawn = sum(bool((rgba(r.content)[3] > 0).any()) for r in answers)
     assert drawn >= 20  # tiles over the scene; the rest transparent
-    total = float(re.search(r"^geoserve_batch_size_sum (\S+)$", metrics, re.M).group(1))
-    count = float(re.search(r"^geoserve_batch_size_count (\S+)$", metrics, re.M).group(1))
+    total = float(re.search(r"^geoserve_batch_size_patches_sum (\S+)$", metrics, re.M).group(1))
+    count = float(re.search(r"^geoserve_batch_size_patches_count (\S+)$", metrics, re.M).group(1))
     assert total / count > 1  # tiles' patches went through the model together
 
 

@@ -52,7 +52,7 @@ def test_the_cut_reproduces_the_whole_scene_over_the_tile(register_model, blend)
         assert c.col_off % 24 == 0
         r0, c0 = int(c.row_off), int(c.col_off)
         cut = data[:, r0 : r0 + int(c.height), c0 : c0 + int(c.width)]
-        cut_profile = {"crs": UTM, "transform": transform * Affine.translation(c0, r0)}
+        cut_profile = {"crs": UTM, "transform": transform @ Affine.translation(c0, r0)}
         out = engine.generate_image(RasterArray(cut, cut_profile), out_format="tensor")
         rows, cols = plan.inner_in_cut
         i = plan.inner

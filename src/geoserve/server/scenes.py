@@ -93,7 +93,7 @@ class SceneStore:
         self._scenes: dict[str, Scene] = {}
         self._lock = threading.Lock()
         root.mkdir(parents=True, exist_ok=True)
-        for old in root.glob("scn-*.tif"):  # an earlier server's: their ids are gone
+        for old in root.glob("scn-*"):  # an earlier server's: their ids are gone
             _unlink(old)
 
     def add(self, data: bytes, name: str) -> Scene:
@@ -131,7 +131,7 @@ class SceneStore:
                 tmp.replace(path)
             finally:
                 tempfiles.release(tmp, remove=not path.exists())
-            bounds = (*info.transform * (0, info.height), *info.transform * (info.width, 0))
+            bounds = (*info.transform @ (0, info.height), *info.transform @ (info.width, 0))
             west, south = min(bounds[0], bounds[2]), min(bounds[1], bounds[3])
             east, north = max(bounds[0], bounds[2]), max(bounds[1], bounds[3])
             scene = Scene(
@@ -185,8 +185,8 @@ class SceneStore:
 
 
 def _remove(scene: Scene) -> None:
-    _unlink(scene.path)
-    _unlink(scene.prediction)
+    for path in scene.path.parent.glob(f"{scene.id}*"):  # its prediction, and sidecars
+        _unlink(path)
 
 
 def _unlink(path: Path) -> None:

@@ -75,6 +75,6 @@ def min_zoom(crs: CRS, transform: Affine, width: int, height: int) -> int:
 
 
 def _bounds(transform: Affine, width: int, height: int) -> tuple[float, float, float, float]:
-    x0, y0 = transform * (0, 0)
-    x1, y1 = transform * (width, height)
+    x0, y0 = transform @ (0, 0)
+    x1, y1 = transform @ (width, height)
     return min(x0, x1), min(y0, y1), max(x0, x1), max(y0, y1)

@@ -18,9 +18,10 @@ a :class:`TileSource`, a path GDAL may open and an identity that changes with th
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import uuid
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -53,6 +54,10 @@ from geoserve.tiles.render import (
 )
 
 TileKind = Literal["classes", "confidence", "input"]
+#: Prediction tiles read and run at once; more wait their turn (a map asks for dozens at a
+#: time, each holding its cut-out in memory: 16 of about 25 MB fit the server's default
+#: memory bound beside other requests, and still fill batches together).
+TILES_AT_ONCE = 16
 TILE_KINDS: tuple[str, ...] = ("classes", "confidence", "input")
 
 
@@ -82,6 +87,7 @@ class TileService:
         self.formats = formats
         self.timeout_s = timeout_s
         self.tiles_run = 0  # prediction tiles that ran a request (the rest: empty or stored)
+        self._turns: asyncio.Semaphore | None = None  # made on the event loop that uses it
 
     @property
     def _model(self) -> Any:
@@ -128,7 +134,10 @@ class TileService:
         plan = plan_tile(geometry, z, x, y, grid.patch_size, grid.stride)
         if plan is None:
             return EMPTY
-        raw = await self._predict(source, plan, f"{z}/{x}/{y}")
+        if self._turns is None:
+            self._turns = asyncio.Semaphore(TILES_AT_ONCE)
+        async with self._turns:
+            raw = await self._predict(source, plan, f"{z}/{x}/{y}")
         return await asyncio.to_thread(self._render, raw, geometry, plan, z, x, y, kind)
 
     # -- prediction tiles ----------------------------------------------------------------------
@@ -231,12 +240,16 @@ class TileService:
                 return ()
 
 
-def _open(path: str, formats: tuple[str, ...]) -> DatasetSource:
+@contextlib.contextmanager
+def _open(path: str, formats: tuple[str, ...]) -> Iterator[DatasetSource]:
+    """The scene opened through the trust rules (a file, or a ``/vsicurl/`` URL)."""
     src = open_raster(path, "path" if not path.startswith("/vsicurl/") else "auto", formats=formats)
-    if not isinstance(src, DatasetSource):  # (paths and URLs always open as datasets)
+    try:
+        if not isinstance(src, DatasetSource):  # (paths and URLs always open as datasets)
+            raise InputError(f"{path}: not a file")
+        yield src
+    finally:
         src.close()
-        raise InputError(f"{path}: not a file")
-    return src
 
 
 @functools.lru_cache(maxsize=64)
