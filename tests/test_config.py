@@ -25,6 +25,7 @@ SAMPLE: dict[str, Any] = {
     "weights": Path("weights.safetensors"),
     "device": "cuda:1",
     "dtype": "bf16",
+    "quantize": "int8",
     "threads": 3,
     "patch_size": 32,
     "stride": 16,

@@ -47,7 +47,11 @@ def workdir(tmp_path_factory) -> Path:
 def default_server(workdir) -> Iterator[tuple[str, str]]:
     with (
         serve_ranges(workdir) as (files, _),
-        running_server(model=DEFAULT_MODEL, allowed_url_domains=["127.0.0.1"]) as url,
+        running_server(
+            model=DEFAULT_MODEL,
+            allowed_url_domains=["127.0.0.1"],
+            output_dir=workdir / "outputs",  # for the map scenes' examples
+        ) as url,
     ):
         yield url, files
 
@@ -87,6 +91,7 @@ def test_serving_md_commands_work_on_the_bundled_scene(workdir, default_server):
     with rasterio.open(workdir / "water.tif") as dst:
         assert dst.tags()["CLASS_NAMES"] == "not water,water"
         assert dst.colormap(1)[1][:3] == (31, 120, 220)
+    assert (workdir / "tile.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # the map tile
     with rasterio.open(workdir / "probabilities.tif") as dst:
         assert dst.descriptions == ("not water", "water")
         assert (dst.width, dst.height, dst.dtypes[0]) == (256, 256, "float32")

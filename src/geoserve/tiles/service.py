@@ -116,8 +116,7 @@ class TileService:
         geometry = await asyncio.to_thread(self.geometry, source)
         if kind == "input":
             return await asyncio.to_thread(self._input_tile, source, geometry, z, x, y)
-        classes = self.class_names()
-        if kind == "classes" and not classes:
+        if not self.class_names():  # (confidence is a softmax over classes too)
             raise InputError(
                 f"kind: model {self._model.spec.name!r} gives no classes; ask for kind=input"
             )
