@@ -11,6 +11,7 @@ grid it also scores both against it (IoU per class). ``geoserve bench-accuracy``
 
 from __future__ import annotations
 
+import math
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
@@ -47,8 +48,9 @@ class AccuracyReport:
 
     model: str
     source: str
-    pixels: int  # compared (valid in both)
+    pixels: int  # compared (valid in the reference)
     class_agreement: float | None  # None: the model's outputs are not classes
+    nonfinite: int  # of them, NaN or inf in the candidate (counted as disagreeing)
     max_abs_error: float
     max_rel_error: float  # max |difference| / max |reference output|
     reference: RunReport
@@ -74,6 +76,8 @@ class AccuracyReport:
         ]
         if self.class_agreement is not None:
             out.append(f"  class agreement: {100 * self.class_agreement:.3f} %")
+        if self.nonfinite:
+            out.append(f"  NaN or inf in the candidate: {self.nonfinite} pixels")
         out.append(
             f"  max output difference: {self.max_abs_error:.4g} "
             f"({100 * self.max_rel_error:.3f} % of the largest output)"
@@ -140,6 +144,7 @@ def compare_settings(
         str(source),
         stats["pixels"],
         stats["agreement"] if is_classes else None,
+        stats["nonfinite"],
         stats["max_abs"],
         stats["max_abs"] / max(stats["max_ref"], 1e-30),
         runs[0],
@@ -150,28 +155,34 @@ def compare_settings(
 def compare_outputs(ref_path: Path, cand_path: Path, is_classes: bool) -> dict[str, Any]:
     """What two raw outputs of one scene share and how far apart they are.
 
-    Returns ``pixels`` (valid in both), ``agreement`` (share of them with the same argmax),
-    ``max_abs`` (largest difference) and ``max_ref`` (largest reference value).
+    Returns ``pixels`` (valid in the reference), ``agreement`` (share of them with the same
+    argmax in the candidate), ``nonfinite`` (of them, those the candidate gave NaN or inf:
+    counted as disagreeing), ``max_abs`` (largest difference where both are finite; inf when
+    the candidate has non-finite values) and ``max_ref`` (largest reference value).
     """
-    pixels = same = 0
+    pixels = same = nonfinite = 0
     max_abs = max_ref = 0.0
     with rasterio.open(ref_path) as ref, rasterio.open(cand_path) as cand:
         for row in range(0, ref.height, ROWS):
             window = Window(0, row, ref.width, min(ROWS, ref.height - row))
             a, b = ref.read(window=window), cand.read(window=window)
-            valid = np.isfinite(a).all(axis=0) & np.isfinite(b).all(axis=0)
+            valid = np.isfinite(a).all(axis=0)
             if not valid.any():
                 continue
-            av, bv = a[:, valid], b[:, valid]
+            finite = valid & np.isfinite(b).all(axis=0)
             pixels += int(valid.sum())
-            max_abs = max(max_abs, float(np.abs(av - bv).max()))
-            max_ref = max(max_ref, float(np.abs(av).max()))
-            if is_classes:
-                same += int((av.argmax(axis=0) == bv.argmax(axis=0)).sum())
+            nonfinite += int(valid.sum() - finite.sum())
+            max_ref = max(max_ref, float(np.abs(a[:, valid]).max()))
+            if finite.any():
+                av, bv = a[:, finite], b[:, finite]
+                max_abs = max(max_abs, float(np.abs(av - bv).max()))
+                if is_classes:
+                    same += int((av.argmax(axis=0) == bv.argmax(axis=0)).sum())
     return {
         "pixels": pixels,
         "agreement": same / max(pixels, 1),
-        "max_abs": max_abs,
+        "nonfinite": nonfinite,
+        "max_abs": math.inf if nonfinite else max_abs,
         "max_ref": max_ref,
     }
 

@@ -128,7 +128,7 @@ class EngineConfig(BaseModel):
                 f"quantize: {self.quantize} is a CPU path (PyTorch's int8 kernels run on the "
                 f"CPU); on {self.device} use dtype bf16 instead"
             )
-        if self.dtype is not None:
+        if self.dtype not in (None, "float32", "fp32"):
             raise ValueError(
                 f"quantize: {self.quantize} runs the other layers in float32; it does not "
                 f"combine with dtype {self.dtype}"

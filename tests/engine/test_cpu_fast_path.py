@@ -59,6 +59,42 @@ def test_int8_is_refused_where_it_cannot_run():
         Engine("test-seg", quantize="int8")
 
 
+class SequenceFirst(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.TransformerEncoderLayer(3, 1, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+
+def test_int8_refuses_attention_layers_it_cannot_run_per_patch(register_model):
+    from geoserve.processors import GeoTiffPatcher, RawReassembler
+
+    name = register_model(
+        "test-seq-first", SequenceFirst, GeoTiffPatcher(patch_size=16), RawReassembler()
+    )
+    with pytest.raises(ConfigError, match="uses MultiheadAttention, TransformerEncoderLayer"):
+        Engine(name, quantize="int8", warmup=False)
+    assert EngineConfig.build(quantize="int8", dtype="fp32").quantize == "int8"
+
+
+def test_accuracy_counts_what_the_candidate_could_not_compute(tmp_path):
+    from geoserve.accuracy import compare_outputs
+    from tests.conftest import write_geotiff
+
+    ref = np.stack([np.full((8, 8), 1.0), np.zeros((8, 8))]).astype(np.float32)
+    cand = ref.copy()
+    cand[:, :, :4] = np.inf  # half of the pixels overflowed
+    a = write_geotiff(tmp_path / "a.tif", ref)
+    b = write_geotiff(tmp_path / "b.tif", cand)
+    stats = compare_outputs(a, b, is_classes=True)
+    assert stats["pixels"] == 64
+    assert stats["nonfinite"] == 32
+    assert stats["agreement"] == 0.5
+    assert stats["max_abs"] == float("inf")
+
+
 def test_bf16_on_a_cpu_warns_when_it_is_emulated():
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

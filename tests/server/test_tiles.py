@@ -10,6 +10,7 @@ import httpx
 import numpy as np
 import pytest
 import rasterio
+from affine import Affine
 from rasterio.enums import Resampling
 from rasterio.io import MemoryFile
 from rasterio.warp import reproject, transform
@@ -17,7 +18,7 @@ from rasterio.warp import reproject, transform
 from geoserve import Engine
 from geoserve.tiles.mercator import WEB_MERCATOR, min_zoom, tile_transform
 from geoserve.tiles.plan import SceneGeometry, plan_tile
-from tests.conftest import LAKE
+from tests.conftest import LAKE, write_geotiff
 from tests.server.conftest import running_server
 
 WATER = (31, 120, 220)
@@ -180,6 +181,20 @@ def test_low_zooms_need_a_stored_prediction_and_scenes_are_uploaded(tmp_path, fu
         assert done.status_code == 200, done.text
         tif = httpx.get(f"{url}/{done.json()['download']}")
         low = httpx.get(f"{url}/v1/tiles/{z - 3}/{x}/{y}.png", params={"source": scene["id"]})
+        beside = httpx.get(
+            f"{url}/v1/tiles/{z - 3}/{x + 3}/{y}.png", params={"source": scene["id"]}
+        )
+        stored_conf = httpx.get(
+            f"{url}/v1/tiles/{z - 3}/{x}/{y}.png",
+            params={"source": scene["id"], "kind": "confidence"},
+        )
+        too_low = httpx.get(
+            f"{url}/v1/tiles/{z - 3}/{x}/{y}.png", params={"source": scene["id"], "kind": "input"}
+        )
+        input_low = httpx.get(
+            f"{url}/v1/tiles/{z - 2}/{'/'.join(map(str, tile_of(lon, lat, z - 2)))}.png",
+            params={"source": scene["id"], "kind": "input"},
+        )
         gone = httpx.delete(f"{url}/v1/scenes/{scene['id']}")
         after = httpx.get(f"{url}/v1/scenes/{scene['id']}")
     assert tif.status_code == 200
@@ -188,6 +203,13 @@ def test_low_zooms_need_a_stored_prediction_and_scenes_are_uploaded(tmp_path, fu
         assert ds.overviews(1)  # for the low zooms' tiles
     assert low.status_code == 200
     assert (codes(rgba(low.content)) == 1).any()  # the lake, drawn from the stored map
+    assert (rgba(beside.content)[3] == 0).all()  # beside the scene: transparent
+    assert stored_conf.status_code == 400  # a stored class map has no confidence
+    assert "is not a confidence map" in stored_conf.json()["message"]
+    assert too_low.status_code == 422
+    assert f"zoom in to level >= {z - 2}" in too_low.json()["message"]
+    assert input_low.status_code == 200  # true colour, read decimated
+    assert (rgba(input_low.content)[3] > 0).any()
     assert gone.status_code == 204
     assert after.status_code == 404
     assert "not found" in after.json()["message"]
@@ -219,6 +241,7 @@ def test_tile_sources_follow_the_trust_rules_and_the_key_guards_tiles_and_page(t
             ("https://elsewhere.net/a.tif", 403, "elsewhere.net"),
             ("output:../../etc/passwd", 403, "not an output file name"),
             ("output:nothing.tif", 404, "not found"),
+            (str(LAKE.parent / "none.tif"), 400, "none.tif: not found"),
             ("scn-" + "0" * 32, 404, "not found"),
         ):
             resp = get(tile, params={"source": source}, headers=auth)
@@ -246,6 +269,23 @@ def test_tile_sources_follow_the_trust_rules_and_the_key_guards_tiles_and_page(t
         assert get("/ui/app.js", auth=("any", key)).status_code == 200
         assert get("/ui/../settings.py", auth=("any", key)).status_code == 404
         assert get("/ui/config.json", auth=("any", "wrong")).status_code == 401
+        # a browser's stored Basic key is not sent for it by another site's page
+        cross = httpx.post(
+            f"{url}/v1/scenes",
+            content=LAKE.read_bytes(),
+            auth=("any", key),
+            headers={"Sec-Fetch-Site": "cross-site"},
+        )
+        assert cross.status_code == 401
+        fine = write_geotiff(
+            tmp_path / "fine.tif",
+            np.zeros((1, 64, 64), np.uint16),
+            crs="EPSG:4326",
+            transform=Affine(1e-9, 0, 13.0, 0, -1e-9, 52.0),
+        )
+        tiny = httpx.post(f"{url}/v1/scenes", content=fine.read_bytes(), headers=auth)
+        assert tiny.status_code == 400
+        assert "finer than map tiles show" in tiny.json()["message"]
         config = get("/ui/config.json", auth=("any", key)).json()
     assert config["classes"] == ["not water", "water"]
     assert config["colors"] == [list(LAND), list(WATER)]

@@ -126,10 +126,22 @@ def quantize_model(module: nn.Module, scheme: Quantize, model: str) -> nn.Module
     """
     if scheme != "int8":
         raise ConfigError(f"quantize: unknown scheme {scheme!r}; known: int8")
-    n_linear = sum(isinstance(m, nn.Linear) for m in module.modules())
+    # quantize_dynamic replaces plain nn.Linear layers only (not subclasses, such as
+    # MultiheadAttention's NonDynamicallyQuantizableLinear)
+    n_linear = sum(type(m) is nn.Linear for m in module.modules())
     if n_linear == 0:
         raise ConfigError(
             f"quantize: model {model!r} has no linear layers; int8 quantises only those"
+        )
+    seq_first = sorted(
+        {type(m).__name__ for m in module.modules() if isinstance(m, _SEQUENCE_LAYERS)}
+    )
+    if seq_first:
+        raise ConfigError(
+            f"quantize: model {model!r} uses {', '.join(seq_first)}, whose linear layers may "
+            "see tokens, not patches, first (and whose fast path reads their weights): int8 "
+            "runs each linear layer one patch at a time and takes only timm-style attention "
+            "(nn.Linear layers on batch-first tensors)"
         )
     try:
         with warnings.catch_warnings():
@@ -150,6 +162,16 @@ def quantize_model(module: nn.Module, scheme: Quantize, model: str) -> nn.Module
     _per_patch(quantized)
     logger.info("model %r: %d linear layers quantised to int8", model, n_linear)
     return quantized
+
+
+#: torch's attention layers: sequence-first by default, and their inference fast path reads the
+#: weights of their linear layers directly.
+_SEQUENCE_LAYERS = (
+    nn.MultiheadAttention,
+    nn.TransformerEncoderLayer,
+    nn.TransformerDecoderLayer,
+    nn.Transformer,
+)
 
 
 class PerPatchLinear(nn.Module):

@@ -15,12 +15,14 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from importlib import resources
 from pathlib import Path
+from stat import S_ISREG
 from typing import Any
 
 import httpx
@@ -29,7 +31,7 @@ from fastapi.responses import FileResponse, JSONResponse, Response
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from geoserve.engine.patch_cache import PatchCache
-from geoserve.errors import ForbiddenInputError, InputError, NotFoundError
+from geoserve.errors import ForbiddenInputError, InputError, NotFoundError, RasterReadError
 from geoserve.server.inputs import HTTP_TIMEOUT, remote_input, resolve_input_path
 from geoserve.server.metrics import Metrics
 from geoserve.server.scenes import SceneStore
@@ -136,7 +138,12 @@ class MapRoutes:
         if text.startswith(("http://", "https://")):
             return await self._url_source(text)
         path = await asyncio.to_thread(resolve_input_path, text, self.settings.allowed_input_dirs)
-        stat = Path(path).stat()
+        try:
+            stat = os.stat(path)
+        except OSError:
+            raise RasterReadError(f"{text}: not found") from None
+        if not S_ISREG(stat.st_mode):  # a FIFO or device would block or never end
+            raise RasterReadError(f"{text}: not a regular file")
         return TileSource(Path(path).name, path, (path, stat.st_mtime_ns, stat.st_size))
 
     async def _url_source(self, url: str) -> TileSource:
@@ -157,8 +164,11 @@ class MapRoutes:
         )
         if not isinstance(where, str):
             raise InputError(f"{url}: tiles need a server that answers HTTP range requests")
-        async with httpx.AsyncClient(follow_redirects=False, timeout=HTTP_TIMEOUT) as client:
-            head = await client.head(url)
+        try:
+            async with httpx.AsyncClient(follow_redirects=False, timeout=HTTP_TIMEOUT) as client:
+                head = await client.head(url)
+        except httpx.HTTPError as exc:
+            raise InputError(f"{url}: request failed ({type(exc).__name__}: {exc})") from exc
         tag = head.headers.get("etag") or head.headers.get("last-modified") or ""
         source = TileSource(url.rsplit("/", 1)[-1][:100], where, (url, tag))
         if len(self._urls) > 256:
@@ -217,6 +227,9 @@ class MapRoutes:
             timeout=self.settings.request_timeout_s,
         )
         result.raise_for_error()
+        if not self.scenes.holds(scene):  # deleted (or expired) while it ran
+            await asyncio.to_thread(self.scenes.discard_files, scene)
+            raise NotFoundError(f"scene {sid}: deleted while it was predicted")
         await asyncio.to_thread(_add_overviews, scene.prediction)
         return {
             "id": scene.id,

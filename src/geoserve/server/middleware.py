@@ -96,6 +96,10 @@ class GuardMiddleware:
         if auth.lower().startswith("bearer "):
             given = auth[7:].strip()
         elif auth.lower().startswith("basic "):  # a browser on the map page: the password
+            # a browser sends Basic credentials by itself, also for another site's page that
+            # posts here: those (Sec-Fetch-Site cross-site or same-site) are refused
+            if headers.get("sec-fetch-site", "same-origin") not in ("same-origin", "none"):
+                return False
             try:
                 given = base64.b64decode(auth[6:].strip()).decode().partition(":")[2]
             except (ValueError, UnicodeDecodeError):

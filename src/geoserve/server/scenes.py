@@ -116,7 +116,7 @@ class SceneStore:
             raise InputError(f"{upload.shown}: has no CRS or transform; a map cannot place it")
         self.expire()
         with self._lock:
-            used = sum(s.size for s in self._scenes.values())
+            used = sum(s.size + _size(s.prediction) for s in self._scenes.values())
             if len(self._scenes) >= self.max_scenes or used + len(data) > self.max_bytes:
                 raise QueueFullError(
                     f"the scene store is full ({len(self._scenes)} scenes, {used / 1e6:.0f} MB "
@@ -169,6 +169,15 @@ class SceneStore:
             self._scenes.pop(scene.id, None)
         _remove(scene)
 
+    def holds(self, scene: Scene) -> bool:
+        """Whether ``scene`` is still stored (not deleted or expired)."""
+        with self._lock:
+            return self._scenes.get(scene.id) is scene
+
+    def discard_files(self, scene: Scene) -> None:
+        """Remove a scene's files (one that is no longer stored: what a late writer left)."""
+        _remove(scene)
+
     def expire(self) -> None:
         """Remove the scenes unused for ``ttl_s`` seconds."""
         now = time.monotonic()
@@ -187,6 +196,13 @@ class SceneStore:
 def _remove(scene: Scene) -> None:
     for path in scene.path.parent.glob(f"{scene.id}*"):  # its prediction, and sidecars
         _unlink(path)
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
 
 
 def _unlink(path: Path) -> None:

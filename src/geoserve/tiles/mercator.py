@@ -61,17 +61,29 @@ def min_zoom(crs: CRS, transform: Affine, width: int, height: int) -> int:
 
     The zoom at which a tile pixel spans at most :data:`MAX_SCENE_PIXELS_PER_TILE_PIXEL`
     scene pixels, the scene's pixel size taken in metres at its centre.
+
+    Raises:
+        InputError: the scene's pixels are finer than the deepest zoom shows, or it lies
+            outside WebMercator.
     """
-    west, south, east, north = transform_bounds(
-        crs, WEB_MERCATOR, *_bounds(transform, width, height), densify_pts=21
-    )
+    try:
+        west, south, east, north = transform_bounds(
+            crs, WEB_MERCATOR, *_bounds(transform, width, height), densify_pts=21
+        )
+    except Exception:  # (pyproj: no WebMercator for it, e.g. a polar grid)
+        west = south = east = north = math.nan
     # the scene's width in WebMercator metres over its pixels: its pixel size as a map sees it
     merc_pixel = min((east - west) / max(width, 1), (north - south) / max(height, 1))
-    if not math.isfinite(merc_pixel) or merc_pixel <= 0:
-        return MAX_ZOOM
+    if not math.isfinite(merc_pixel) or merc_pixel <= 0 or north <= -HALF or south >= HALF:
+        raise InputError("the scene does not lie within WebMercator's map (85 S to 85 N)")
     tile_pixel_at_0 = 2 * HALF / TILE
     z = math.ceil(math.log2(tile_pixel_at_0 / (MAX_SCENE_PIXELS_PER_TILE_PIXEL * merc_pixel)))
-    return max(0, min(MAX_ZOOM, z))
+    if z > MAX_ZOOM:
+        raise InputError(
+            f"the scene's pixels ({merc_pixel:.3g} m on the map) are finer than map tiles show "
+            f"at zoom {MAX_ZOOM}; it cannot be tiled"
+        )
+    return max(0, z)
 
 
 def _bounds(transform: Affine, width: int, height: int) -> tuple[float, float, float, float]:

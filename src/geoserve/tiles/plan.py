@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from affine import Affine
 from rasterio.crs import CRS
 from rasterio.warp import transform_bounds
-from rasterio.windows import Window, from_bounds
+from rasterio.windows import Window
 
 from geoserve.tiles.mercator import WEB_MERCATOR, tile_bounds
 
@@ -43,6 +43,8 @@ class SceneGeometry:
     transform: Affine
     width: int
     height: int
+    minzoom: int = 0  # the lowest zoom predicted on demand (mercator.min_zoom)
+    count: int = 1  # bands
 
 
 @dataclass(frozen=True)
@@ -87,11 +89,14 @@ def plan_tile(
         return None
     if not all(math.isfinite(v) for v in (west, south, east, north)):
         return None
-    win = from_bounds(west, south, east, north, transform=scene.transform)
-    c0 = max(0, math.floor(win.col_off) - 1)
-    r0 = max(0, math.floor(win.row_off) - 1)
-    c1 = min(scene.width, math.ceil(win.col_off + win.width) + 1)
-    r1 = min(scene.height, math.ceil(win.row_off + win.height) + 1)
+    # the bounds' corners in pixels (north-up, south-up and rotated grids alike)
+    inverse = ~scene.transform
+    corners = [inverse @ (cx, cy) for cx in (west, east) for cy in (south, north)]
+    xs, ys = [c for c, _ in corners], [r for _, r in corners]
+    c0 = max(0, math.floor(min(xs)) - 1)
+    r0 = max(0, math.floor(min(ys)) - 1)
+    c1 = min(scene.width, math.ceil(max(xs)) + 1)
+    r1 = min(scene.height, math.ceil(max(ys)) + 1)
     if c1 <= c0 or r1 <= r0:
         return None
     rows = _axis(r0, r1, scene.height, patch_size, stride)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import math
 import uuid
 from collections.abc import Hashable, Iterator
 from dataclasses import dataclass
@@ -28,13 +29,14 @@ from typing import Any, Literal
 
 import numpy as np
 import rasterio
+from affine import Affine
 from numpy.typing import NDArray
 from rasterio.enums import Resampling
 from rasterio.vrt import WarpedVRT
 from rasterio.windows import Window
 
 from geoserve.engine.patch_cache import PatchCache, PatchKeys
-from geoserve.errors import InputError, ZoomTooLowError
+from geoserve.errors import InputError, PayloadTooLargeError, ZoomTooLowError
 from geoserve.raster.source import DatasetSource, RasterArray, open_raster
 from geoserve.tiles.mercator import (
     MAX_SCENE_PIXELS_PER_TILE_PIXEL,
@@ -58,6 +60,11 @@ TileKind = Literal["classes", "confidence", "input"]
 #: time, each holding its cut-out in memory: 16 of about 25 MB fit the server's default
 #: memory bound beside other requests, and still fill batches together).
 TILES_AT_ONCE = 16
+#: True-colour tiles are drawn from this many zooms below the on-demand zoom (a tile then
+#: spans at most 4 x 4 = 16 scene pixels per tile pixel, read decimated).
+INPUT_ZOOMS_BELOW = 2
+#: Most scene pixels a side that one prediction tile's cut-out may take.
+MAX_CUT_SIDE = 4096
 TILE_KINDS: tuple[str, ...] = ("classes", "confidence", "input")
 
 
@@ -97,12 +104,6 @@ class TileService:
         """The scene's grid (opened through the trust rules, headers only)."""
         return _geometry(source.path, source.identity, self.formats)
 
-    def zoom_range(self, source: TileSource) -> tuple[int, int]:
-        """(on-demand min zoom, a zoom deep enough to see single pixels) of the scene."""
-        g = self.geometry(source)
-        z = min_zoom(g.crs, g.transform, g.width, g.height)
-        return z, min(24, z + 5)
-
     async def tile(self, source: TileSource, z: int, x: int, y: int, kind: TileKind) -> bytes:
         """The PNG of tile ``(z, x, y)`` of ``source`` (transparent outside it).
 
@@ -114,13 +115,21 @@ class TileService:
         if kind not in TILE_KINDS:
             raise InputError(f"kind: {kind!r} is not a tile kind; choose {', '.join(TILE_KINDS)}")
         geometry = await asyncio.to_thread(self.geometry, source)
+        zmin = geometry.minzoom
+        if self._turns is None:
+            self._turns = asyncio.Semaphore(TILES_AT_ONCE)
         if kind == "input":
-            return await asyncio.to_thread(self._input_tile, source, geometry, z, x, y)
+            if z < zmin - INPUT_ZOOMS_BELOW:
+                raise ZoomTooLowError(
+                    f"zoom {z}: {source.name} is drawn from zoom {zmin - INPUT_ZOOMS_BELOW}; "
+                    f"zoom in to level >= {zmin - INPUT_ZOOMS_BELOW}"
+                )
+            async with self._turns:
+                return await asyncio.to_thread(self._input_tile, source, geometry, z, x, y)
         if not self.class_names():  # (confidence is a softmax over classes too)
             raise InputError(
                 f"kind: model {self._model.spec.name!r} gives no classes; ask for kind=input"
             )
-        zmin = min_zoom(geometry.crs, geometry.transform, geometry.width, geometry.height)
         if z < zmin:
             if source.prediction is not None and source.prediction.exists():
                 return await asyncio.to_thread(self.stored_tile, source.prediction, z, x, y, kind)
@@ -133,13 +142,27 @@ class TileService:
         plan = plan_tile(geometry, z, x, y, grid.patch_size, grid.stride)
         if plan is None:
             return EMPTY
-        if self._turns is None:
-            self._turns = asyncio.Semaphore(TILES_AT_ONCE)
+        self._check_cut(plan, geometry)
         async with self._turns:
             raw = await self._predict(source, plan, f"{z}/{x}/{y}")
         return await asyncio.to_thread(self._render, raw, geometry, plan, z, x, y, kind)
 
     # -- prediction tiles ----------------------------------------------------------------------
+
+    def _check_cut(self, plan: TilePlan, g: SceneGeometry) -> None:
+        """Refuse a cut-out too large to read (before a pixel of it is read)."""
+        side = max(int(plan.cut.width), int(plan.cut.height))
+        if side > MAX_CUT_SIDE:  # (a grid far from WebMercator's shape at this zoom)
+            raise ZoomTooLowError(
+                f"this tile needs {side} pixels of the scene a side (at most {MAX_CUT_SIDE}); "
+                "zoom in"
+            )
+        pixels = int(plan.cut.width) * int(plan.cut.height) * g.count
+        limit = getattr(self.engine, "max_pixels", None)
+        if limit is not None and pixels > limit:
+            raise PayloadTooLargeError(
+                f"this tile needs {pixels} pixel values of the scene, over the limit of {limit}"
+            )
 
     def class_names(self) -> list[str]:
         """The model's class names (none for a model without classes)."""
@@ -197,8 +220,22 @@ class TileService:
         return png(ramp_rgba(tile[0], 1.0 / max(raw.shape[0], 1), 1.0))
 
     def stored_tile(self, path: Path, z: int, x: int, y: int, kind: TileKind) -> bytes:
-        """A tile of a stored whole-scene output (a class map: classes; else a ramp)."""
-        with rasterio.open(path) as ds:
+        """A tile of a stored whole-scene output (a class map, or a confidence map).
+
+        Transparent outside the output and where it has no value.
+
+        Raises:
+            InputError: the file is not georeferenced, or not of the kind asked for.
+        """
+        with _open(str(path), self.formats) as src:
+            ds = src.dataset
+            if not src.info.is_georeferenced:
+                raise InputError(f"{path.name}: has no CRS or transform; a map cannot place it")
+            is_map = ds.count == 1 and np.dtype(ds.dtypes[0]).kind in "ui"
+            is_conf = ds.count == 1 and np.dtype(ds.dtypes[0]).kind == "f"
+            if (kind == "classes" and not is_map) or (kind == "confidence" and not is_conf):
+                what = "class map" if kind == "classes" else "confidence map"
+                raise InputError(f"kind: {path.name} is not a {what} (one band, {ds.dtypes[0]})")
             resampling = Resampling.nearest if kind == "classes" else Resampling.bilinear
             with WarpedVRT(
                 ds,
@@ -207,9 +244,10 @@ class TileService:
                 width=TILE,
                 height=TILE,
                 resampling=resampling,
-                nodata=ds.nodata,
+                add_alpha=True,  # 0 outside the scene (a class map need not have nodata)
             ) as vrt:
                 data = vrt.read(1, masked=True).astype(np.float32).filled(np.nan)
+                data[vrt.read(vrt.count) == 0] = np.nan
         if kind == "classes":
             return png(classes_rgba(data, self.colors()))
         return png(ramp_rgba(data, 1.0 / max(len(self.class_names()), 1), 1.0))
@@ -223,10 +261,16 @@ class TileService:
         plan = plan_tile(g, z, x, y, 1, 1)
         if plan is None:
             return EMPTY
+        inner = plan.inner
+        # read at about twice the tile's size (GDAL takes an overview where the file has one)
+        step = max(1, math.ceil(max(inner.width, inner.height) / (2 * TILE)))
+        shape = (len(bands), math.ceil(inner.height / step), math.ceil(inner.width / step))
         with _open(source.path, self.formats) as src:
-            data = src.dataset.read(bands, window=plan.inner, masked=True)
+            data = src.dataset.read(bands, window=inner, out_shape=shape, masked=True)
         values = data.astype(np.float32).filled(np.nan)
-        transform = rasterio.windows.transform(plan.inner, g.transform)
+        transform = rasterio.windows.transform(inner, g.transform) @ Affine.scale(
+            inner.width / shape[2], inner.height / shape[1]
+        )
         tile = warp_to_tile(values, transform, g.crs, z, x, y, Resampling.bilinear)
         return png(true_colour_rgba(tile, lo, hi))
 
@@ -257,7 +301,13 @@ def _geometry(path: str, identity: Hashable, formats: tuple[str, ...]) -> SceneG
         info = src.info
     if not info.is_georeferenced:
         raise InputError(f"{info.name}: has no CRS or transform; a map cannot place it")
-    return SceneGeometry(identity, info.crs, info.transform, info.width, info.height)
+    try:
+        zmin = min_zoom(info.crs, info.transform, info.width, info.height)
+    except InputError as exc:
+        raise InputError(f"{info.name}: {exc}") from None
+    return SceneGeometry(
+        identity, info.crs, info.transform, info.width, info.height, zmin, info.count
+    )
 
 
 @functools.lru_cache(maxsize=64)

@@ -57,7 +57,7 @@
       scene = await json(await fetch("v1/scenes", { method: "POST", body: form }));
     } catch (err) { status("Upload failed: " + err.message); return; }
     if (input) map.removeLayer(input);
-    input = tiles("input", 0).addTo(map);
+    input = tiles("input", Math.max(0, scene.minzoom - 2)).addTo(map);
     const [w, s, e, n] = scene.bounds;
     map.fitBounds([[s, w], [n, e]]);
     if (map.getZoom() < scene.minzoom) map.setZoom(scene.minzoom);
