@@ -52,7 +52,7 @@ from geoserve.server.errors import error_body, status_for
 from geoserve.server.gather import Items, as_items, count_items, gather, parse_multipart
 from geoserve.server.maps import MapRoutes
 from geoserve.server.metrics import Metrics
-from geoserve.server.middleware import ClientDisconnected, GuardMiddleware
+from geoserve.server.middleware import GuardMiddleware, unless_disconnected
 from geoserve.server.settings import ServerSettings
 
 logger = logging.getLogger("geoserve.server")
@@ -207,7 +207,7 @@ class _Service:
                 dates=when,
             )
 
-        result = await _unless_disconnected(request, job())
+        result = await unless_disconnected(request, job())
         self.metrics.latency.labels(endpoint=request.url.path).observe(time.perf_counter() - t0)
         if result.error is not None:
             raise result.error
@@ -432,27 +432,3 @@ def create_app(settings: ServerSettings, *, engine: Engine | None = None) -> Fas
     app.add_api_route("/metrics", svc.metrics_route, methods=["GET"], response_model=None)
     MapRoutes(settings, svc.ready_engine, svc.metrics).register(app)  # tiles, scenes, page
     return app
-
-
-async def _unless_disconnected(request: Request, job: Any) -> ImageRequestOutput:
-    """Await ``job``; if the client disconnects first, cancel it (dropping its patches)."""
-    task = asyncio.ensure_future(job)
-
-    async def watch() -> None:
-        while True:
-            message = await request.receive()
-            if message["type"] == "http.disconnect":
-                return
-
-    watcher = asyncio.ensure_future(watch())
-    try:
-        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    except asyncio.CancelledError:
-        task.cancel()
-        watcher.cancel()
-        raise
-    if task in done:
-        watcher.cancel()
-        return task.result()  # type: ignore[no-any-return]
-    task.cancel()
-    raise ClientDisconnected()

@@ -4,7 +4,8 @@ In order: health routes pass untouched; the API key is checked (constant-time) â
 draining, new requests get 503; the body is limited by its declared length and again by the
 bytes actually received (a missing or false ``Content-Length`` does not help) â†’ 413. It also
 counts requests in flight (the drain waits for them), records status codes for metrics, and
-turns any unexpected exception into a JSON 500 without a traceback.
+turns any unexpected exception into a JSON 500 without a traceback. :func:`unless_disconnected`
+is its counterpart inside a route: the route's work is cancelled when its client goes away.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import json
 import logging
 from typing import Any
 
+from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from geoserve.server.errors import error_body
@@ -193,3 +195,27 @@ class GuardMiddleware:
                 )
         finally:
             self.state["in_flight"] -= 1
+
+
+async def unless_disconnected(request: Request, job: Any) -> Any:
+    """Await ``job``; if the client disconnects first, cancel it (dropping its patches)."""
+    task = asyncio.ensure_future(job)
+
+    async def watch() -> None:
+        while True:
+            message = await request.receive()
+            if message["type"] == "http.disconnect":
+                return
+
+    watcher = asyncio.ensure_future(watch())
+    try:
+        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        task.cancel()
+        watcher.cancel()
+        raise
+    if task in done:
+        watcher.cancel()
+        return task.result()  # type: ignore[no-any-return]
+    task.cancel()
+    raise ClientDisconnected()
