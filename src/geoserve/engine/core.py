@@ -279,7 +279,7 @@ class Engine(Admission):
         for req in sched.take_complete():
             self.output.finish(req)  # committed on a commit thread; collected when done
         done = sched.take_failed()
-        done.extend(self.output.collect(wait=0.0 if batch else COMMIT_WAIT_S))
+        done.extend(self.output.collect(wait=0.0 if batch or cached else COMMIT_WAIT_S))
         return done
 
     # -- offline API -------------------------------------------------------------------------

@@ -28,9 +28,6 @@ import numpy as np
 import torch
 
 from geoserve.engine.canvas import Canvas, RowBand
-
-if TYPE_CHECKING:
-    from geoserve.engine.patch_cache import PatchKeys
 from geoserve.engine.prefetch import RowPrefetcher
 from geoserve.engine.products import Product, commit_all
 from geoserve.errors import GeoServeError
@@ -54,6 +51,9 @@ from geoserve.schemas import (
     StageTimings,
     TensorRequestOutput,
 )
+
+if TYPE_CHECKING:
+    from geoserve.engine.patch_cache import PatchKeys
 
 logger = logging.getLogger(__name__)
 
