@@ -18,7 +18,7 @@ from rasterio.warp import reproject, transform
 from geoserve import Engine
 from geoserve.tiles.mercator import WEB_MERCATOR, min_zoom, tile_transform
 from geoserve.tiles.plan import SceneGeometry, plan_tile
-from tests.conftest import LAKE, write_geotiff
+from tests.conftest import LAKE, serve_ranges, write_geotiff
 from tests.server.conftest import running_server
 
 WATER = (31, 120, 220)
@@ -290,3 +290,23 @@ def test_tile_sources_follow_the_trust_rules_and_the_key_guards_tiles_and_page(t
     assert config["classes"] == ["not water", "water"]
     assert config["colors"] == [list(LAND), list(WATER)]
     assert config["basemap_url"] is None
+
+
+def test_a_url_on_an_allowed_host_is_tiled_in_place_like_the_file():
+    z = lake_zoom() + 1
+    x, y = tile_of(*lake_centre(), z)
+    with (
+        serve_ranges(LAKE.parent) as (base, log),
+        running_server(
+            model="demo-water",
+            allowed_input_dirs=[LAKE.parent],
+            allowed_url_domains=["127.0.0.1"],
+        ) as url,
+    ):
+        by_url = httpx.get(
+            f"{url}/v1/tiles/{z}/{x}/{y}.png", params={"source": f"{base}/{LAKE.name}"}
+        )
+        by_path = httpx.get(f"{url}/v1/tiles/{z}/{x}/{y}.png", params={"source": str(LAKE)})
+    assert by_url.status_code == 200, by_url.text
+    assert by_url.content == by_path.content
+    assert any(r is not None for _, _, r in log)  # read by range requests, in place
