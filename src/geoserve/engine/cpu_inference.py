@@ -69,8 +69,8 @@ def check_cpu_options(
             warnings.warn(
                 f"dtype {name} on this CPU ({cpu_name()}) is emulated: it has no native {name} "
                 "arithmetic (AVX512-BF16/AMX on x86), so autocast runs far slower than float32 "
-                "(measured 50x slower on an AVX2 CPU, docs/performance.md); use --quantize int8 "
-                "for speed on a CPU",
+                "(measured 50 to 100 times slower for Prithvi-sized models on an AVX2 CPU; "
+                "docs/performance.md); use --quantize int8 for speed on a CPU",
                 SlowOptionWarning,
                 stacklevel=3,
             )
