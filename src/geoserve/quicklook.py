@@ -84,12 +84,22 @@ def _listed(bands: list[int]) -> str:
     return ", ".join(str(b) for b in bands)
 
 
+def stretch_limits(bands: np.ma.MaskedArray[Any, Any]) -> list[tuple[float, float]]:
+    """Each band's 2nd and 98th percentile over its unmasked pixels ((0, 1) when none)."""
+    limits = []
+    for band in bands.astype(np.float64):
+        values = band.compressed()
+        lo, hi = np.percentile(values, (2, 98)) if values.size else (0.0, 1.0)
+        limits.append((float(lo), float(hi)))
+    return limits
+
+
 def _stretch(bands: np.ma.MaskedArray[Any, Any]) -> NDArray[np.float32]:
     """(rows, cols, 4) RGBA: each band between its 2nd and 98th percentile; one band is grey."""
     out = np.zeros((*bands.shape[1:], 4), dtype=np.float32)
-    for i, band in enumerate(bands.astype(np.float64)):
-        values = band.compressed()
-        lo, hi = np.percentile(values, (2, 98)) if values.size else (0.0, 1.0)
+    for i, (band, (lo, hi)) in enumerate(
+        zip(bands.astype(np.float64), stretch_limits(bands), strict=True)
+    ):
         out[..., i] = np.clip((band.filled(lo) - lo) / max(hi - lo, 1e-12), 0, 1)
     if bands.shape[0] == 1:
         out[..., 1] = out[..., 2] = out[..., 0]

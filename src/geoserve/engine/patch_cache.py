@@ -45,10 +45,6 @@ class PatchCache:
         with self._lock:
             return int(self._lru.currsize)
 
-    def __len__(self) -> int:
-        with self._lock:
-            return len(self._lru)
-
     def split(
         self, batch: list[Patch], device: torch.device
     ) -> tuple[list[Patch], BatchOutput | None]:

@@ -133,11 +133,13 @@ async def remote_input(
     max_bytes: int,
     deadline_s: float = 60.0,
     formats: Sequence[str] = DEFAULT_INPUT_FORMATS,
+    headers: dict[str, str] | None = None,
 ) -> str | bytes:
     """``/vsicurl/<url>`` if the server supports range reads, else the downloaded bytes.
 
     Before GDAL is given the URL, its first bytes are fetched (one range request, no
-    redirects) and content in a format outside ``formats`` is refused unparsed.
+    redirects) and content in a format outside ``formats`` is refused unparsed. ``headers``,
+    when given, receives the host's answer to the ``HEAD`` (its ETag, say).
 
     Raises:
         As :func:`fetch_url`; InputFormatError: the content is another format (a VRT, say).
@@ -147,6 +149,8 @@ async def remote_input(
     try:
         async with httpx.AsyncClient(follow_redirects=False, timeout=HTTP_TIMEOUT) as client:
             head = await asyncio.wait_for(client.head(url), max(deadline_s, 0.001))
+            if headers is not None:
+                headers.update({k.lower(): v for k, v in head.headers.items()})
             ranged = (
                 head.status_code == 200 and head.headers.get("accept-ranges", "").lower() == "bytes"
             )

@@ -22,17 +22,15 @@ import uuid
 from collections.abc import Callable, Iterator
 from importlib import resources
 from pathlib import Path
-from stat import S_ISREG
 from typing import Any
 
-import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import FileResponse, JSONResponse, Response
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from geoserve.engine.patch_cache import PatchCache
 from geoserve.errors import ForbiddenInputError, InputError, NotFoundError, RasterReadError
-from geoserve.server.inputs import HTTP_TIMEOUT, remote_input, resolve_input_path
+from geoserve.server.inputs import remote_input, resolve_input_path
 from geoserve.server.metrics import Metrics
 from geoserve.server.scenes import SceneStore
 from geoserve.server.settings import ServerSettings
@@ -138,12 +136,10 @@ class MapRoutes:
         if text.startswith(("http://", "https://")):
             return await self._url_source(text)
         path = await asyncio.to_thread(resolve_input_path, text, self.settings.allowed_input_dirs)
-        try:
+        try:  # (what it is, a regular file, open_raster checks when the tile opens it)
             stat = os.stat(path)
         except OSError:
             raise RasterReadError(f"{text}: not found") from None
-        if not S_ISREG(stat.st_mode):  # a FIFO or device would block or never end
-            raise RasterReadError(f"{text}: not a regular file")
         return TileSource(Path(path).name, path, (path, stat.st_mtime_ns, stat.st_size))
 
     async def _url_source(self, url: str) -> TileSource:
@@ -155,21 +151,18 @@ class MapRoutes:
             raise ForbiddenInputError(
                 f"{url}: tiles read URLs in place; this server downloads them"
             )
+        head: dict[str, str] = {}
         where = await remote_input(
             url,
             s.allowed_url_domains,
             int(s.max_body_mb * 1024 * 1024),
             s.request_timeout_s,
             tuple(s.engine.allowed_formats),
+            head,
         )
         if not isinstance(where, str):
             raise InputError(f"{url}: tiles need a server that answers HTTP range requests")
-        try:
-            async with httpx.AsyncClient(follow_redirects=False, timeout=HTTP_TIMEOUT) as client:
-                head = await client.head(url)
-        except httpx.HTTPError as exc:
-            raise InputError(f"{url}: request failed ({type(exc).__name__}: {exc})") from exc
-        tag = head.headers.get("etag") or head.headers.get("last-modified") or ""
+        tag = head.get("etag") or head.get("last-modified") or ""
         source = TileSource(url.rsplit("/", 1)[-1][:100], where, (url, tag))
         if len(self._urls) > 256:
             self._urls.clear()

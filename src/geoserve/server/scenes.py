@@ -19,10 +19,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rasterio.transform import array_bounds
+
 from geoserve.errors import InputError, NotFoundError, PayloadTooLargeError, QueueFullError
 from geoserve.raster import tempfiles
 from geoserve.raster.source import NamedBytes, open_raster
-from geoserve.tiles.mercator import lonlat_bounds, min_zoom
+from geoserve.tiles.mercator import MAX_ZOOM, lonlat_bounds, min_zoom
 from geoserve.tiles.service import TileSource
 
 logger = logging.getLogger("geoserve.server")
@@ -67,7 +69,7 @@ class Scene:
             "crs": self.crs,
             "bounds": self.bounds,
             "minzoom": self.minzoom,
-            "maxzoom": min(24, self.minzoom + 5),
+            "maxzoom": min(MAX_ZOOM, self.minzoom + 5),
             "predicted": self.prediction.exists(),
             "expires_in_s": round(left),
         }
@@ -131,9 +133,6 @@ class SceneStore:
                 tmp.replace(path)
             finally:
                 tempfiles.release(tmp, remove=not path.exists())
-            bounds = (*info.transform @ (0, info.height), *info.transform @ (info.width, 0))
-            west, south = min(bounds[0], bounds[2]), min(bounds[1], bounds[3])
-            east, north = max(bounds[0], bounds[2]), max(bounds[1], bounds[3])
             scene = Scene(
                 sid,
                 path,
@@ -142,7 +141,7 @@ class SceneStore:
                 info.width,
                 info.height,
                 info.crs.to_string(),
-                lonlat_bounds(info.crs, (west, south, east, north)),
+                lonlat_bounds(info.crs, array_bounds(info.height, info.width, info.transform)),
                 min_zoom(info.crs, info.transform, info.width, info.height),
             )
             self._scenes[sid] = scene
@@ -187,10 +186,6 @@ class SceneStore:
                 del self._scenes[scene.id]
         for scene in old:
             _remove(scene)
-
-    def __len__(self) -> int:
-        with self._lock:
-            return len(self._scenes)
 
 
 def _remove(scene: Scene) -> None:

@@ -10,6 +10,7 @@ import math
 
 from affine import Affine
 from rasterio.crs import CRS
+from rasterio.transform import array_bounds
 from rasterio.warp import transform_bounds
 
 from geoserve.errors import InputError
@@ -68,7 +69,7 @@ def min_zoom(crs: CRS, transform: Affine, width: int, height: int) -> int:
     """
     try:
         west, south, east, north = transform_bounds(
-            crs, WEB_MERCATOR, *_bounds(transform, width, height), densify_pts=21
+            crs, WEB_MERCATOR, *array_bounds(height, width, transform), densify_pts=21
         )
     except Exception:  # (pyproj: no WebMercator for it, e.g. a polar grid)
         west = south = east = north = math.nan
@@ -84,9 +85,3 @@ def min_zoom(crs: CRS, transform: Affine, width: int, height: int) -> int:
             f"at zoom {MAX_ZOOM}; it cannot be tiled"
         )
     return max(0, z)
-
-
-def _bounds(transform: Affine, width: int, height: int) -> tuple[float, float, float, float]:
-    x0, y0 = transform @ (0, 0)
-    x1, y1 = transform @ (width, height)
-    return min(x0, x1), min(y0, y1), max(x0, x1), max(y0, y1)

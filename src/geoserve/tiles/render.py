@@ -102,9 +102,5 @@ def png(rgba: NDArray[np.uint8]) -> bytes:
         return bytes(mem.read())
 
 
-def empty_png() -> bytes:
-    """A transparent tile."""
-    return EMPTY
-
-
+#: A transparent tile.
 EMPTY = png(np.zeros((4, TILE, TILE), dtype=np.uint8))

@@ -93,7 +93,8 @@ class TileService:
         self.cache = cache
         self.formats = formats
         self.timeout_s = timeout_s
-        self.tiles_run = 0  # prediction tiles that ran a request (the rest: empty or stored)
+        # a scene's true-colour bands and stretch (read once per scene content)
+        self._colour = functools.lru_cache(maxsize=64)(self._true_colour)
         self._turns: asyncio.Semaphore | None = None  # made on the event loop that uses it
 
     @property
@@ -158,8 +159,8 @@ class TileService:
                 "zoom in"
             )
         pixels = int(plan.cut.width) * int(plan.cut.height) * g.count
-        limit = getattr(self.engine, "max_pixels", None)
-        if limit is not None and pixels > limit:
+        limit = self.engine.max_pixels
+        if pixels > limit:
             raise PayloadTooLargeError(
                 f"this tile needs {pixels} pixel values of the scene, over the limit of {limit}"
             )
@@ -192,7 +193,6 @@ class TileService:
             patch_keys=PatchKeys(self.cache, plan.key),
         )
         result.raise_for_error()
-        self.tiles_run += 1
         rows, cols = plan.inner_in_cut
         return result.outputs.tensor.numpy()[:, rows, cols]  # type: ignore[no-any-return]
 
@@ -255,9 +255,7 @@ class TileService:
     # -- true colour -------------------------------------------------------------------------
 
     def _input_tile(self, source: TileSource, g: SceneGeometry, z: int, x: int, y: int) -> bytes:
-        bands, lo, hi = _true_colour(
-            source.path, source.identity, self.formats, self._roles(source)
-        )
+        bands, lo, hi = self._colour(source.path, source.identity)
         plan = plan_tile(g, z, x, y, 1, 1)
         if plan is None:
             return EMPTY
@@ -274,13 +272,28 @@ class TileService:
         tile = warp_to_tile(values, transform, g.crs, z, x, y, Resampling.bilinear)
         return png(true_colour_rgba(tile, lo, hi))
 
-    def _roles(self, source: TileSource) -> tuple[tuple[int, str], ...]:
-        in_proc = self._model.in_proc
-        with _open(source.path, self.formats) as src:
+    def _true_colour(
+        self, path: str, identity: Hashable
+    ) -> tuple[list[int], list[float], list[float]]:
+        """The 1-based bands drawn as red, green, blue, and their 2-98 % stretch over the scene.
+
+        The bands come from the model's band roles; ``identity`` (the scene's content) keys
+        the cache.
+        """
+        from geoserve.quicklook import choose_bands, stretch_limits
+        from geoserve.raster.thumbnail import read_thumbnail
+
+        with _open(path, self.formats) as src:
             try:
-                return tuple(sorted(in_proc.band_roles_for(src.info).items()))
+                roles = dict(self._model.in_proc.band_roles_for(src.info))
             except Exception:  # the file does not fit the model: no roles
-                return ()
+                roles = {}
+            bands, _ = choose_bands(src.dataset, roles)
+            if len(bands) == 1:
+                bands = bands * 3
+            thumb = read_thumbnail(src.dataset, bands, 512)
+        limits = stretch_limits(thumb)
+        return bands, [lo for lo, _ in limits], [hi for _, hi in limits]
 
 
 @contextlib.contextmanager
@@ -308,32 +321,6 @@ def _geometry(path: str, identity: Hashable, formats: tuple[str, ...]) -> SceneG
     return SceneGeometry(
         identity, info.crs, info.transform, info.width, info.height, zmin, info.count
     )
-
-
-@functools.lru_cache(maxsize=64)
-def _true_colour(
-    path: str,
-    identity: Hashable,
-    formats: tuple[str, ...],
-    roles: tuple[tuple[int, str], ...],
-) -> tuple[list[int], list[float], list[float]]:
-    """The 1-based bands drawn as red, green, blue and their 2-98 % stretch over the scene."""
-    from geoserve.quicklook import choose_bands
-    from geoserve.raster.thumbnail import read_thumbnail
-
-    with _open(path, formats) as src:
-        ds = src.dataset
-        bands, _ = choose_bands(ds, dict(roles))
-        if len(bands) == 1:
-            bands = bands * 3
-        thumb = read_thumbnail(ds, bands, 512)
-    lo, hi = [], []
-    for band in thumb.astype(np.float64):
-        values = band.compressed()
-        a, b = np.percentile(values, (2, 98)) if values.size else (0.0, 1.0)
-        lo.append(float(a))
-        hi.append(float(b))
-    return bands, lo, hi
 
 
 @dataclass
