@@ -34,7 +34,7 @@ def test_int8_against_float32_with_labels(tmp_path):
     assert "IoU against the labels, reference: not water 1.0000, water 1.0000" in text
 
 
-def test_nothing_to_compare_and_labels_off_the_grid_are_refused_before_running():
+def test_nothing_to_compare_and_labels_off_the_grid_are_refused_before_running(tmp_path):
     res = run("bench-accuracy", str(LAKE))
     assert res.returncode == 1
     assert "nothing to compare" in res.stderr
@@ -45,3 +45,14 @@ def test_nothing_to_compare_and_labels_off_the_grid_are_refused_before_running()
     assert f"{other}: labels are 791 x 718 pixels, the scene 1536 x 768" in res.stderr
     assert "running" in res.stdout
     assert "Traceback" not in res.stderr
+    # labels are an input like any other: a VRT (which may read any file it names) is refused
+    vrt = tmp_path / "labels.vrt"
+    vrt.write_text(
+        '<VRTDataset rasterXSize="1536" rasterYSize="768"><VRTRasterBand dataType="Byte" '
+        f'band="1"><SimpleSource><SourceFilename>{LAKE}</SourceFilename>'
+        "<SourceBand>1</SourceBand></SimpleSource></VRTRasterBand></VRTDataset>"
+    )
+    res = run("bench-accuracy", "--quantize", "int8", str(LAKE), "--labels", str(vrt))
+    assert res.returncode == 1
+    assert str(vrt) in res.stderr
+    assert "VRT" in res.stderr

@@ -14,17 +14,19 @@ from __future__ import annotations
 import math
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import rasterio
-from numpy.typing import NDArray
 from rasterio.windows import Window
 
 from geoserve.config import EngineConfig
 from geoserve.errors import ConfigError, InputError
+from geoserve.raster.source import open_raster
+from geoserve.raster.trust import DEFAULT_INPUT_FORMATS
 
 #: The options that trade exactness for speed: the reference runs without them.
 SPEED_OPTIONS: dict[str, Any] = {"quantize": None, "dtype": None, "compile": False}
@@ -119,7 +121,7 @@ def compare_settings(
         )
     reference = EngineConfig.build(candidate, **SPEED_OPTIONS)
     if labels is not None:
-        _check_labels(Path(labels), source)
+        _check_labels(Path(labels), source, candidate.allowed_formats)
     _, _, out_proc = resolve_model(model)
     classes = list(getattr(out_proc, "classes", ()) or ())
     is_classes = out_proc.kind == "classes"
@@ -138,7 +140,7 @@ def compare_settings(
         stats = compare_outputs(paths[0], paths[1], is_classes)
         if labels is not None:
             for run, path in zip(runs, paths, strict=True):
-                run.iou = iou_against(path, Path(labels), classes)
+                run.iou = iou_against(path, Path(labels), classes, candidate.allowed_formats)
     return AccuracyReport(
         model,
         str(source),
@@ -187,16 +189,11 @@ def compare_outputs(ref_path: Path, cand_path: Path, is_classes: bool) -> dict[s
     }
 
 
-def _check_labels(labels: Path, source: str | Path) -> None:
-    """Labels that can be read and are on the scene's grid (before anything runs)."""
-    from geoserve.raster.source import open_raster
-
-    try:
-        with rasterio.open(labels) as lab:
-            size = lab.width, lab.height
-    except rasterio.errors.RasterioIOError as exc:
-        raise InputError(f"{labels}: cannot read the labels: {exc}") from None
-    with open_raster(str(source)) as src:
+def _check_labels(labels: Path, source: str | Path, formats: Sequence[str]) -> None:
+    """Labels that open under the input trust rules, on the scene's grid (before any run)."""
+    with open_raster(str(labels), "path", formats=formats) as lab:
+        size = lab.info.width, lab.info.height
+    with open_raster(str(source), formats=formats) as src:
         want = src.info.width, src.info.height
     if size != want:
         raise InputError(
@@ -205,19 +202,29 @@ def _check_labels(labels: Path, source: str | Path) -> None:
         )
 
 
-def iou_against(pred_path: Path, label_path: Path, classes: list[str]) -> dict[str, float]:
-    """IoU per class of the prediction's argmax against integer labels (negative: ignored)."""
-    inter: NDArray[np.int64] | None = None
-    union: NDArray[np.int64] | None = None
-    with rasterio.open(pred_path) as pred, rasterio.open(label_path) as lab:
+def iou_against(
+    pred_path: Path,
+    label_path: Path,
+    classes: list[str],
+    formats: Sequence[str] = DEFAULT_INPUT_FORMATS,
+) -> dict[str, float]:
+    """IoU per class of the prediction's argmax against integer labels (negative: ignored).
+
+    The labels are opened like any input (``formats``: the GDAL formats they may be in).
+    """
+    with (
+        rasterio.open(pred_path) as pred,
+        open_raster(str(label_path), "path", formats=formats) as lab,
+    ):
         n = pred.count
         inter, union = np.zeros(n, np.int64), np.zeros(n, np.int64)
         for row in range(0, pred.height, ROWS):
-            window = Window(0, row, pred.width, min(ROWS, pred.height - row))
-            p, truth = pred.read(window=window), lab.read(1, window=window)
+            stop = min(pred.height, row + ROWS)
+            p = pred.read(window=Window(0, row, pred.width, stop - row))
+            truth = lab.read_rows(row, stop, [0])[0]
             valid = np.isfinite(p).all(axis=0) & (truth >= 0)
-            if lab.nodata is not None:
-                valid &= truth != lab.nodata
+            if lab.info.nodata is not None:
+                valid &= truth != lab.info.nodata
             guess = p.argmax(axis=0)
             for c in range(n):
                 g, t = (guess == c) & valid, (truth == c) & valid
