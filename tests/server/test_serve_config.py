@@ -122,3 +122,13 @@ def test_int8_from_a_flag_is_served_and_reported(tmp_path):
     fp32 = Engine("demo-water").generate_image(crop, out_format="tensor")
     np.testing.assert_array_equal(got, int8.outputs.tensor[0].numpy())  # per patch: exact
     assert (got == fp32.outputs.tensor[0].numpy()).mean() >= 0.99
+
+
+def test_the_basemap_is_an_xyz_template_on_http(capsys):
+    port = str(free_port())
+    for bad in ("javascript:alert(1)", "https://tiles.example.org/a.png", "file:///etc/{z}{x}{y}"):
+        assert main(["serve", "--ui", "--basemap-url", bad, "--port", port]) != 0
+        assert "basemap" in capsys.readouterr().err
+    args = ["serve", "--basemap-url", "https://t.example.org/{z}/{x}/{y}.png", "--port", port]
+    settings = server_settings(build_parser().parse_args(args))
+    assert settings.basemap_url == "https://t.example.org/{z}/{x}/{y}.png"

@@ -61,8 +61,8 @@ class ServerFields(BaseModel):
     ui: bool = False
     """Serve the map page at / (upload a scene, see prediction tiles over it)."""
     basemap_url: str | None = None
-    """XYZ URL template of a basemap under the map page (https://.../{z}/{x}/{y}.png); none by
-    default: the page then fetches nothing from elsewhere."""
+    """XYZ URL template (http or https, with {z}, {x} and {y}) of a basemap under the map page;
+    none by default: the page then fetches nothing from elsewhere."""
     tile_cache_mb: float = Field(512.0, ge=0)
     """Memory for predicted patches kept for map tiles (least recently used dropped first)."""
     max_scenes: int = Field(16, ge=1)
@@ -74,6 +74,18 @@ class ServerFields(BaseModel):
     allow_hub_weights: bool = False
     """Let --weights be a Hub reference (hf://...), fetched from huggingface.co (or HF_ENDPOINT)
     at start-up; off: the server refuses to start with one."""
+
+    @field_validator("basemap_url")
+    @classmethod
+    def _xyz_template(cls, value: str | None) -> str | None:
+        """An http(s) XYZ template: the page's browser fetches it, nothing else does."""
+        if value is None:
+            return value
+        if not value.startswith(("https://", "http://")) or not all(
+            f"{{{k}}}" in value for k in "zxy"
+        ):
+            raise ValueError("an http(s) URL template with {z}, {x} and {y}")
+        return value
 
     @field_validator("api_key", mode="before")
     @classmethod
