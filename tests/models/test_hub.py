@@ -7,7 +7,7 @@ the few that take the online path replace huggingface_hub's network calls.
 
 from __future__ import annotations
 
-import logging
+import os
 import shutil
 from pathlib import Path
 from types import SimpleNamespace
@@ -255,14 +255,65 @@ def test_a_corrupt_config_beside_it_is_refused_too(cache):
         resolve_weights(REF)
 
 
-def test_a_copy_instead_of_a_link_is_used_unverified(cache, caplog):
-    link = repo_dir(cache) / "snapshots" / COMMIT / FILE
+def _copy_in_place(link: Path, tmp: Path) -> None:  # as where symlinks are not supported
     data = link.read_bytes()
     link.unlink()
-    link.write_bytes(data)  # as huggingface_hub stores files where symlinks are not supported
-    with caplog.at_level(logging.WARNING, logger="geoserve.models.hub"):
-        assert resolve_weights(REF) == link
-    assert "not verified" in caplog.text
+    link.write_bytes(data)
+
+
+def _link_outside_the_cache(link: Path, tmp: Path) -> None:
+    outside = tmp / "elsewhere" / FILE
+    outside.parent.mkdir()
+    outside.write_bytes(link.read_bytes())
+    link.unlink()
+    link.symlink_to(outside)
+
+
+def _link_to_a_blobs_folder_elsewhere(link: Path, tmp: Path) -> None:
+    # named by its right hash, in a folder called blobs: but not the repository's
+    name = link.resolve().name
+    outside = tmp / "other" / "blobs" / name
+    outside.parent.mkdir(parents=True)
+    outside.write_bytes(link.read_bytes())
+    link.unlink()
+    link.symlink_to(os.path.relpath(outside, link.parent))
+
+
+@pytest.mark.parametrize(
+    ("tamper", "why"),
+    [
+        (_copy_in_place, "is a plain file, not a link to a blob named by its hash"),
+        (_link_outside_the_cache, "not to a blob of the repository named by its hash"),
+        (_link_to_a_blobs_folder_elsewhere, "not to a blob of the repository named by its hash"),
+    ],
+)
+def test_a_cached_file_that_is_not_the_repositorys_verified_blob_is_never_loaded(
+    cache, tmp_path, tamper, why
+):
+    link = repo_dir(cache) / "snapshots" / COMMIT / FILE
+    tamper(link, tmp_path)
+    with pytest.raises(WeightsError) as info:
+        Engine("test-seg", weights=REF, warmup=False)
+    message = str(info.value)
+    assert message.startswith(f"{REF}: the cached file {link} ")
+    assert why in message
+    assert f"delete {repo_dir(cache)} and fetch it again" in message
+    assert bias_of(f"{REF}@v1") == [-2.0] * 4  # another commit's file is still fine
+
+
+@pytest.mark.parametrize("recorded", [f"{COMMIT}/../{OLD_COMMIT}", "../../../elsewhere", "main"])
+def test_a_branch_the_cache_records_must_name_a_commit_hash(cache, recorded):
+    set_ref(cache, "main", recorded)
+    with pytest.raises(WeightsError) as info:
+        bias_of(REF)  # huggingface_hub would take it as a directory name
+    refs = repo_dir(cache) / "refs" / "main"
+    assert str(info.value) == (
+        f"{REF}: the cache's {refs} holds {recorded!r}, not a commit hash (40 hex digits); "
+        f"delete {repo_dir(cache)} and fetch the reference again"
+    )
+    with pytest.raises(WeightsError, match="not a commit hash"):
+        resolve_weights(f"hf://{ORG}/{REPO}")  # the listing from the cache, too
+    assert bias_of(f"{REF}@v1") == [-2.0] * 4  # another branch is still fine
 
 
 # -- the online path, its network calls replaced -----------------------------------------------

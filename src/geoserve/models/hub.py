@@ -11,17 +11,20 @@ repository's one weights file is taken (``.safetensors`` first, then ``.pt``, ``
 too, since some loaders read a config next to the checkpoint (the cache's snapshot directory
 holds the repository's files side by side).
 
-Every file is verified before it is used: the cache names a file's content by its hash (the
-sha256 for files stored with Git LFS, the Git blob id for small ones), and the bytes are hashed
-again and compared, so a truncated or altered cached file is refused rather than loaded.
+What the Hub endpoint answers is checked before huggingface_hub writes anything, and every
+file is verified before it is used (:mod:`geoserve.models.hub_verify`): the cache names a
+file's content by its hash (the sha256 for files stored with Git LFS, the Git blob id for small
+ones), the file must be a link to the repository's blob of that name, and the bytes are hashed
+again and compared, so a truncated, altered or misplaced cached file is refused rather than
+loaded.
 
 The environment variables are read when a reference is resolved (``huggingface_hub`` itself
-reads them once, when it is first imported). Nothing here imports torch.
+reads them once, when it is first imported; ``HF_ENDPOINT`` is passed to it on each call).
+Nothing here imports torch.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import posixpath
@@ -31,6 +34,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from geoserve.errors import ConfigError, WeightsError
+from geoserve.models.hub_verify import (
+    cached_commit,
+    checked_responses,
+    is_commit,
+    repo_cache_dir,
+    verify_cached_file,
+)
 
 if TYPE_CHECKING:
     from types import ModuleType
@@ -50,8 +60,6 @@ MAX_FILE = 400
 _SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]+)://")  # two letters at least: not C:/
 _NAME = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_.-]{0,94}[A-Za-z0-9_])?")  # an org or a repo
 _PART = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+=-]{0,199}")  # one folder or file name
-_COMMIT = re.compile(r"[0-9a-f]{40}")
-_SHA256 = re.compile(r"[0-9a-f]{64}")
 _TRUE = {"1", "ON", "YES", "TRUE"}
 
 
@@ -195,24 +203,30 @@ def fetch(ref: HubReference, *, cache_dir: str | Path | None = None) -> Path:
     """Fetch ``ref`` (and a config beside it) into the cache, verify it, return its path.
 
     The path is the file's link in the cache's snapshot directory, so a config fetched beside
-    it lies in the same directory.
+    it lies in the same directory. While fetching, the endpoint's answers are checked before
+    huggingface_hub writes anything, and each file is verified before it is returned
+    (:mod:`geoserve.models.hub_verify`).
 
     Raises:
         WeightsError: not fetched (offline and not cached, no such repository, file or
-            revision, a gated repository, no connection), or the cached file is corrupt.
+            revision, a gated repository, no connection), the endpoint answered something that
+            is not a hash, or the cached file is misplaced or corrupt.
     """
     hub = _import_hub(ref)
-    cache = Path(cache_dir).expanduser() if cache_dir is not None else hub_cache_dir()
+    cache = (Path(cache_dir) if cache_dir is not None else hub_cache_dir()).expanduser().resolve()
     offline = is_offline() or bool(hub.constants.HF_HUB_OFFLINE)
-    filename = ref.filename or choose_weights_file(_repo_files(hub, ref, cache, offline), ref)
+    filename = ref.filename or _checked_choice(
+        choose_weights_file(_repo_files(hub, ref, cache, offline), ref), ref
+    )
     ref = replace(ref, filename=filename)
     path = _download(hub, ref, filename, cache, offline)
     assert path is not None  # (not optional)
-    verify_cached_file(path, ref)
+    repo_dir = repo_cache_dir(cache, ref.org, ref.repo)
+    verify_cached_file(path, ref, repo_dir)
     for name in CONFIG_NAMES:
         config = _fetch_beside(hub, ref, path, name, cache, offline)
         if config is not None:
-            verify_cached_file(config, ref)
+            verify_cached_file(config, ref, repo_dir)
     logger.info("%s: %s", ref, path)
     return path
 
@@ -222,14 +236,13 @@ def _fetch_beside(
 ) -> Path | None:
     """The file ``name`` beside ``ref``'s in the repository, at the same commit; None: none.
 
-    The cache answers first (a file it holds, or one it recorded as absent): no connection.
+    ``path`` is verified: it lies in ``snapshots/<commit>/``. The cache answers first (a file
+    it holds, or one it recorded as absent): no connection.
     """
     assert ref.filename is not None
     beside = posixpath.join(posixpath.dirname(ref.filename), name)
-    parts = path.parts[: -(ref.filename.count("/") + 1)]  # up to the snapshot's directory
-    if len(parts) < 2 or parts[-2] != "snapshots" or not _COMMIT.fullmatch(parts[-1]):
-        return _download(hub, ref, beside, cache, offline, optional=True)
-    commit = parts[-1]
+    commit = path.parts[-(ref.filename.count("/") + 2)]  # the snapshot's directory
+    assert is_commit(commit)
     cached = hub.try_to_load_from_cache(ref.repo_id, beside, cache_dir=cache, revision=commit)
     if isinstance(cached, str):
         return Path(cached)
@@ -262,37 +275,16 @@ def choose_weights_file(files: list[str], ref: HubReference) -> str:
     )
 
 
-def verify_cached_file(path: Path, ref: HubReference | str) -> None:
-    """Hash the cached file and compare it with the hash the cache names it by.
-
-    A file in the cache is a link to ``blobs/<etag>``: the sha256 of its content for files
-    stored with Git LFS, the Git blob id (sha1 of ``blob <size>``, a NUL byte and the content)
-    for the others. Where the cache holds copies instead of links (no symlinks on this system)
-    there is no name to compare with, and the file is used unverified (logged).
-
-    Raises:
-        WeightsError: the content does not match (the file is corrupt), or cannot be read.
-    """
-    target = path.resolve()
-    etag = target.name
-    if target.parent.name != "blobs" or not (_SHA256.fullmatch(etag) or _COMMIT.fullmatch(etag)):
-        logger.warning("%s: %s is not a link to a named blob; not verified", ref, path)
-        return
+def _checked_choice(filename: str, ref: HubReference) -> str:
+    """A file name the repository listed (untrusted), checked as a reference's FILE is."""
     try:
-        size = target.stat().st_size
-        digest = hashlib.sha256() if len(etag) == 64 else hashlib.sha1(b"blob %d\0" % size)
-        with target.open("rb") as f:
-            while chunk := f.read(1 << 20):
-                digest.update(chunk)
-    except OSError as exc:
-        raise WeightsError(f"{ref}: cannot read the cached file {target}: {exc}") from None
-    if digest.hexdigest() != etag:
-        repo_dir = target.parent.parent
+        parse_reference(f"{HUB_SCHEME}://{ref.repo_id}/{filename}")
+    except ConfigError as exc:
         raise WeightsError(
-            f"{ref}: the cached file {path} is corrupt (its content hashes to "
-            f"{digest.hexdigest()[:16]}..., the cache expects {etag[:16]}...); delete "
-            f"{repo_dir} and fetch it again"
-        )
+            f"{ref}: the repository's weights file {_shown(filename)} is not a name geoserve "
+            f"fetches ({exc}); name another file: hf://{ref.repo_id}/FILE"
+        ) from None
+    return filename
 
 
 def _import_hub(ref: HubReference) -> ModuleType:
@@ -316,19 +308,35 @@ def _download(
 ) -> Path | None:
     """``hf_hub_download`` into ``cache``; its errors as :class:`WeightsError`.
 
-    An ``optional`` file that the repository lacks, or that is not cached while offline (or
-    with no connection), is None.
+    The revision is checked first: a branch or tag the cache recorded must name a commit hash.
+    Offline, the file is looked up by that commit; online, every answer of the endpoint is
+    checked before huggingface_hub acts on it. An ``optional`` file that the repository lacks,
+    or that is not cached while offline (or with no connection), is None.
     """
     from huggingface_hub import errors
 
+    repo_dir = repo_cache_dir(cache, ref.org, ref.repo)
+    commit = cached_commit(repo_dir, ref.revision, ref)  # before huggingface_hub reads it
     try:
-        got = hub.hf_hub_download(
-            ref.repo_id,
-            filename,
-            revision=ref.revision,
-            cache_dir=cache,
-            local_files_only=offline,
-        )
+        if offline:
+            got = hub.hf_hub_download(
+                ref.repo_id,
+                filename,
+                revision=commit or ref.revision,
+                cache_dir=cache,
+                local_files_only=True,
+            )
+        else:
+            with checked_responses(ref, hub.get_session()):
+                got = hub.hf_hub_download(
+                    ref.repo_id,
+                    filename,
+                    revision=ref.revision,
+                    cache_dir=cache,
+                    endpoint=_endpoint(),
+                )
+    except WeightsError:
+        raise
     except errors.EntryNotFoundError as exc:  # not in the repository, or offline not cached
         if optional:
             return None
@@ -344,15 +352,18 @@ def _repo_files(hub: ModuleType, ref: HubReference, cache: Path, offline: bool) 
 
     if not offline:
         try:
-            files: list[str] = hub.HfApi().list_repo_files(ref.repo_id, revision=ref.revision)
+            with checked_responses(ref, hub.get_session()):
+                api = hub.HfApi(endpoint=_endpoint())
+                files: list[str] = api.list_repo_files(ref.repo_id, revision=ref.revision)
             return files
+        except WeightsError:
+            raise
         except (errors.RepositoryNotFoundError, errors.RevisionNotFoundError) as exc:
             raise _hub_error(ref, exc, cache, offline) from None
         except Exception as exc:  # no connection, the hub down: what the cache has
             logger.warning("%s: cannot list the repository (%s); using the cache", ref, exc)
-    repo_dir = cache / f"models--{ref.org}--{ref.repo}"
-    rev = ref.revision or "main"
-    commit = rev if _COMMIT.fullmatch(rev) else _read_ref(repo_dir / "refs" / rev)
+    repo_dir = repo_cache_dir(cache, ref.org, ref.repo)
+    commit = cached_commit(repo_dir, ref.revision, ref)
     snapshot = repo_dir / "snapshots" / commit if commit else None
     if snapshot is None or not snapshot.is_dir():
         why = "HF_HUB_OFFLINE is set" if offline else f"{hub_endpoint()} cannot be reached"
@@ -362,14 +373,6 @@ def _repo_files(hub: ModuleType, ref: HubReference, cache: Path, offline: bool) 
             "the cache here"
         )
     return [p.relative_to(snapshot).as_posix() for p in snapshot.rglob("*") if p.is_file()]
-
-
-def _read_ref(path: Path) -> str | None:
-    try:
-        commit = path.read_text(encoding="ascii").strip()
-    except (OSError, UnicodeDecodeError):
-        return None
-    return commit if _COMMIT.fullmatch(commit) else None
 
 
 def _hub_error(ref: HubReference, exc: Exception, cache: Path, offline: bool) -> WeightsError:
@@ -408,7 +411,12 @@ def _rev_flag(ref: HubReference) -> str:
 
 def hub_endpoint() -> str:
     """The Hub's address as huggingface_hub reaches it: ``HF_ENDPOINT``, else huggingface.co."""
-    return os.environ.get("HF_ENDPOINT") or "huggingface.co"
+    return _endpoint() or "huggingface.co"
+
+
+def _endpoint() -> str | None:
+    """``HF_ENDPOINT`` now (None: huggingface_hub's default), as huggingface_hub reads it."""
+    return os.environ.get("HF_ENDPOINT", "").strip().rstrip("/") or None
 
 
 def _is_revision(text: str) -> bool:
