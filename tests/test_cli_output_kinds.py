@@ -6,7 +6,8 @@ import numpy as np
 import pyarrow.parquet as pq
 import rasterio
 
-from tests.conftest import LAKE
+from tests.conftest import LAKE, write_geotiff
+from tests.engine.test_output_kinds import checkerboard
 from tests.test_cli import run
 
 STEM = LAKE.stem
@@ -95,3 +96,21 @@ def test_models_lists_output_kinds():
     # models with a token grid offer the embeddings kinds too
     line = "classes, probabilities, confidence, raw, polygons, embeddings, patch-embeddings:"
     assert line in res.stdout
+
+
+def test_a_checkerboard_is_refused_at_the_vertex_bound_in_one_line(tmp_path):
+    """The bound applies on the command line too: one line naming it, no file written; with
+    a higher bound given by its flag the same map is traced."""
+    board = write_geotiff(tmp_path / "board.tif", checkerboard(160), descriptions=["B3", "B8"])
+    out = tmp_path / "out"
+    args = ("predict", str(board), "-m", "ndwi-water", "--output-kind", "classes,polygons")
+    res = run(*args, "-o", f"{out}/")
+    assert res.returncode == 1
+    assert "polygons output too complex" in res.stderr
+    assert "over the bound of 50,000 for a 160x160 class map" in res.stderr
+    assert "--max-polygon-vertices-per-pixel" in res.stderr
+    assert "Traceback" not in res.stderr
+    assert not list(out.iterdir())  # nor its class map: all or nothing
+    res = run(*args, "-o", f"{out}/", "--max-polygon-vertices-per-pixel", "6", "-q")
+    assert res.returncode == 0, res.stderr
+    assert pq.read_table(out / "board_polygons.parquet").num_rows == 2

@@ -70,6 +70,10 @@ class EngineConfig(BaseModel):
     the model's own)."""
     min_area: Annotated[float, Field(ge=0)] = 0.0
     """Polygons output: drop polygons of fewer pixels than this."""
+    max_polygon_vertices_per_pixel: Annotated[float, Field(ge=0)] | None = 1.0
+    """Polygons output: most vertices its polygons may have together, per class-map pixel
+    (always at least 50,000); tracing stops and the request fails past it (a Sentinel-2 class
+    map has about 0.05, a checkerboard 5; 0 or null: no limit)."""
     embedding_layer: int = -1
     """Embeddings outputs: the encoder block whose tokens are written (0-based; -1: the last)."""
     embedding_dtype: Literal["float32", "float16"] = "float32"
@@ -161,9 +165,9 @@ class EngineConfig(BaseModel):
     def _known_formats(cls, value: list[str]) -> list[str]:
         return list(check_formats(value))
 
-    @field_validator("max_patches")
+    @field_validator("max_patches", "max_polygon_vertices_per_pixel")
     @classmethod
-    def _zero_is_no_limit(cls, value: int | None) -> int | None:
+    def _zero_is_no_limit(cls, value: float | None) -> float | None:
         return value or None
 
     @field_validator("bands")

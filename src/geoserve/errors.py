@@ -115,8 +115,19 @@ class OutputSpaceError(OutputWriteError):
     """Raised when the output's file system is full (or the output would not fit on it)."""
 
 
+class OutputTooComplexError(GeoServeError, ValueError):
+    """Raised when a vector output would exceed its cost bound (a fragmented class map).
+
+    The message names the kind, the count reached, the bound and the option that sets it.
+    """
+
+
 class PayloadTooLargeError(InputError):
     """Raised when a request's body or decoded pixels exceed the configured limit."""
+
+
+class UnsupportedMediaTypeError(InputError):
+    """Raised for a body whose Content-Type is not one the route reads (JSON routes: JSON)."""
 
 
 class ZoomTooLowError(InputError):
@@ -141,6 +152,14 @@ class ShuttingDownError(GeoServeError, RuntimeError):
 
 class RequestTimeoutError(GeoServeError, TimeoutError):
     """Raised when a request does not finish within its deadline (its patches are dropped)."""
+
+
+class RequestAbortedError(GeoServeError, RuntimeError):
+    """Raised inside a request's own work (its commit) once the request was aborted.
+
+    It stops that work at its next check; the request's caller already has its answer (a
+    timeout, or it went away), so nobody receives this error.
+    """
 
 
 class GeoServeWarning(UserWarning):

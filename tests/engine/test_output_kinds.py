@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from pathlib import Path
 
@@ -15,7 +16,7 @@ import shapely
 import torch
 
 from geoserve import Engine
-from geoserve.errors import ConfigError, OutputWriteError
+from geoserve.errors import ConfigError, GeoServeError, OutputWriteError
 from tests.conftest import read, write_geotiff
 
 NODATA = 0
@@ -301,18 +302,83 @@ def test_output_suffixes_choose_the_polygons_format_and_raster_names_are_checked
         engine.generate_image(scene, output_path=tmp_path / "x.parquet")
 
 
+def checkerboard(n: int) -> np.ndarray:
+    """B3, B8 bands of an n x n scene whose ndwi-water class map is a 1-pixel checkerboard.
+
+    Its polygons: one 8-connected region per class, a MultiPolygon of n² / 2 squares, about
+    5 vertices per pixel in all.
+    """
+    data = np.full((2, n, n), 1000, dtype="uint16")
+    cells = (np.add.outer(np.arange(n), np.arange(n)) % 2).astype(bool)
+    data[0][cells], data[1][cells] = 3000, 500  # B3 > B8: water on every other pixel
+    return data
+
+
+def checkered_tiles(tiles: int, tile: int, apart: int = 2) -> np.ndarray:
+    """``tiles`` x ``tiles`` checkerboards of ``tile`` pixels, ``apart`` nodata (0) pixels apart.
+
+    Many regions of a few thousand vertices each: slow to trace in all, every polygon quick.
+    """
+    size = tiles * (tile + apart)
+    data = checkerboard(size)
+    gap = np.arange(size) % (tile + apart) >= tile
+    data[:, gap, :] = 0
+    data[:, :, gap] = 0
+    return data
+
+
+def test_a_checkerboard_fails_alone_at_the_vertex_bound_before_it_is_all_traced(tmp_path):
+    """The polygons' vertices are counted as they come: the request fails at the bound
+    (naming the count, the bound and the options), without tracing the rest of the map; the
+    other request of the same run is written, and the failed one leaves no file."""
+    n = 160  # two regions of about 64,000 vertices: the first one is over the 50,000
+    checker = write_geotiff(tmp_path / "checker.tif", checkerboard(n), descriptions=["B3", "B8"])
+    small = write_geotiff(tmp_path / "small.tif", checkerboard(8), descriptions=["B3", "B8"])
+    with Engine("ndwi-water", output_kind=["classes", "polygons"]) as engine:
+        bad, good = engine.generate_image([checker, small], output_path=tmp_path / "out")
+    assert good.error is None
+    assert good.outputs_by_kind["polygons"].count == 2
+    assert type(bad.error).__name__ == "OutputTooComplexError", bad.error
+    message = str(bad.error)
+    assert "checker_polygons.parquet: polygons output too complex" in message
+    assert "over the bound of 50,000 for a 160x160 class map" in message
+    assert "--max-polygon-vertices-per-pixel" in message
+    assert "--min-area" in message
+    traced = int(re.search(r"([\d,]+) vertices traced", message)[1].replace(",", ""))
+    assert 50_000 < traced < 4 * n * n  # the first region only, not the map's 5 per pixel
+    out = sorted(p.name for p in (tmp_path / "out").iterdir())
+    assert out == ["small_classes.tif", "small_classes.tif.aux.xml", "small_polygons.parquet"]
+
+
+def test_the_vertex_bound_counts_the_polygons_kept_and_can_be_switched_off(tmp_path):
+    """A speckled map (thousands of 2-pixel regions) is over the bound, but the bound counts
+    only the polygons kept: with --min-area they are dropped and it is traced; with the
+    bound off (0) a checkerboard is traced whole."""
+    specks = checkered_tiles(56, 2)  # 3,136 tiles of two diagonal 2-pixel regions each
+    path = write_geotiff(tmp_path / "specks.tif", specks, nodata=0, descriptions=["B3", "B8"])
+    engine = Engine("ndwi-water", output_kind="polygons")
+    with engine, pytest.raises(GeoServeError, match="polygons output too complex"):
+        engine.generate_image(path, output_path=tmp_path / "specks.parquet")
+    with Engine("ndwi-water", output_kind="polygons", min_area=3) as engine:
+        out = engine.generate_image(path, output_path=tmp_path / "specks.parquet").outputs
+    assert out.count == 0
+    checker = write_geotiff(tmp_path / "checker.tif", checkerboard(160), descriptions=["B3", "B8"])
+    with Engine("ndwi-water", output_kind="polygons", max_polygon_vertices_per_pixel=0) as e:
+        out = e.generate_image(checker, output_path=tmp_path / "checker.parquet").outputs
+    assert out.count == 2
+    assert e.config.max_polygon_vertices_per_pixel is None
+    assert not list(tmp_path.glob(".*"))  # no temporary left by the failed one
+
+
 def test_a_slow_commit_holds_up_no_other_request(tmp_path):
     """Tracing a pathological map (a checkerboard: one 8-connected region per class, a
     MultiPolygon of thousands of parts) takes seconds; a small request behind it is done
     first, and aborting the slow one while it commits leaves none of its files."""
-    n = 100
-    data = np.full((2, n, n), 1000, dtype="uint16")
-    cells = (np.add.outer(np.arange(n), np.arange(n)) % 2).astype(bool)
-    data[0][cells], data[1][cells] = 3000, 500  # B3 > B8: water on every other pixel
+    data = checkerboard(100)
     slow = write_geotiff(tmp_path / "checker.tif", data, descriptions=["B3", "B8"])
     small = write_geotiff(tmp_path / "small.tif", data[:, :8, :8], descriptions=["B3", "B8"])
     kinds = ["classes", "polygons"]
-    with Engine("ndwi-water", output_kind=kinds) as engine:
+    with Engine("ndwi-water", output_kind=kinds, max_polygon_vertices_per_pixel=0) as engine:
         engine.admit(engine.prepare_request(slow, output_path=tmp_path / "slow", request_id="slow"))
         engine.admit(engine.prepare_request(small, output_path=tmp_path / "s", request_id="small"))
         order = [r.request_id for r in engine.run_until_done()]

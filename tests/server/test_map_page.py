@@ -53,11 +53,11 @@ def test_the_page_uploads_a_scene_and_shows_its_prediction_tiles(tmp_path):
         requested: list[str] = []
         page.on("request", lambda r: requested.append(r.url))
         page.goto(url + "/")
-        page.wait_for_function("document.querySelectorAll('#legend .row').length == 2")
+        page.wait_for_function("() => document.querySelectorAll('#legend .row').length == 2")
         legend = page.inner_text("#legend")
         page.set_input_files("#file", str(LAKE))
         page.wait_for_function(
-            "document.getElementById('status').textContent.startsWith('Prediction tiles')",
+            "() => document.getElementById('status').textContent.startsWith('Prediction tiles')",
             timeout=120_000,
         )
         page.fill("#opacity", "100")

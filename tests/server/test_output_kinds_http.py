@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import base64
 import io
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -11,7 +13,9 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from geoserve import Engine
+from tests.conftest import write_geotiff
 from tests.engine.test_embeddings import _lake_square
+from tests.engine.test_output_kinds import checkerboard, checkered_tiles
 from tests.server.conftest import running_server
 from tests.server.test_app import b64, decode
 
@@ -146,3 +150,71 @@ def test_pooling_answers_one_geotiff_whatever_the_servers_kinds(tmp_path):
     assert (data.shape, profile["dtype"]) == ((1, 100, 100), "float32")  # the confidence
     assert models["kinds"] == ["polygons", "confidence"]
     assert "embeddings" in models["available_kinds"]
+
+
+def _post_all(url: str, bodies: dict[str, dict], timeout: float = 120) -> dict[str, httpx.Response]:
+    """Post every body at once (one thread each); the responses by name."""
+    with ThreadPoolExecutor(len(bodies)) as pool:
+        futures = {
+            name: pool.submit(httpx.post, f"{url}/v1/images", json=body, timeout=timeout)
+            for name, body in bodies.items()
+        }
+        return {name: fut.result() for name, fut in futures.items()}
+
+
+def _scene(path: Path, data: np.ndarray, **kwargs) -> str:
+    write_geotiff(path, data, descriptions=["B3", "B8"], **kwargs)
+    return base64.b64encode(path.read_bytes()).decode()
+
+
+def test_checkerboard_polygons_fail_alone_with_a_422_and_hold_up_nobody(tmp_path):
+    """The attack: two small uploads of a checkerboard asking for polygons, and an innocent
+    request beside them. The polygon requests fail at once with a 422 naming the bound; the
+    innocent one is answered within its timeout."""
+    board = _scene(tmp_path / "board.tif", checkerboard(256))
+    small = _scene(tmp_path / "small.tif", checkerboard(16))
+    polygons = {"data": board, "options": {"output_kinds": ["polygons"]}}
+    bodies = {"attack1": polygons, "attack2": polygons, "innocent": {"data": small}}
+    with running_server(model="ndwi-water", request_timeout_s=8) as url:
+        answers = _post_all(url, bodies)
+    assert answers["innocent"].status_code == 200, answers["innocent"].text
+    for name in ("attack1", "attack2"):
+        resp = answers[name]
+        assert resp.status_code == 422, resp.text
+        message = resp.json()["message"]
+        assert "polygons output too complex" in message
+        assert "over the bound of 65,536 for a 256x256 class map" in message
+        assert "--max-polygon-vertices-per-pixel" in message
+
+
+def test_a_timed_out_polygon_commit_is_cancelled_and_leaves_no_file(tmp_path):
+    """Two slow polygon commits under the bound (100 checkerboards far apart: 0.8 vertices
+    per pixel, tens of seconds of tracing): a plain request sent while both are committing is
+    answered within its timeout; they time out with a 504 and their commits stop at the next
+    polygon, so their files (temporaries included) are gone soon after, not when the tracing
+    would have finished."""
+    slow = _scene(tmp_path / "tiles.tif", checkered_tiles(10, 32, apart=48), nodata=0)
+    small = _scene(tmp_path / "small.tif", checkerboard(16))
+    polygons = {"data": slow, "out_data_format": "path", "options": {"output_kinds": ["polygons"]}}
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    with (
+        running_server(model="ndwi-water", request_timeout_s=6, output_dir=out_dir) as url,
+        ThreadPoolExecutor(2) as pool,
+    ):
+        slow_answers = [
+            pool.submit(httpx.post, f"{url}/v1/images", json=polygons, timeout=120)
+            for _ in range(2)
+        ]
+        deadline = time.monotonic() + 5
+        while len(list(out_dir.iterdir())) < 4 and time.monotonic() < deadline:
+            time.sleep(0.05)  # until both commit: each its class map and its vector temporary
+        assert len(list(out_dir.iterdir())) == 4
+        innocent = httpx.post(f"{url}/v1/images", json={"data": small}, timeout=120)
+        assert innocent.status_code == 200, innocent.text
+        for answer in slow_answers:
+            assert answer.result().status_code == 504, answer.result().text
+        deadline = time.monotonic() + 10  # (their tracing alone takes over 20 s here)
+        while list(out_dir.iterdir()) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not list(out_dir.iterdir())

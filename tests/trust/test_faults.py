@@ -27,7 +27,7 @@ from geoserve import Engine
 from geoserve.server import ServerSettings, create_app
 from tests.conftest import read, write_geotiff
 from tests.server.conftest import free_port, running_server, serve_subprocess, wait_ready
-from tests.trust.conftest import OutputDir, small_disk, unmount
+from tests.trust.conftest import OutputDir, can_mount, small_disk, unmount
 
 
 def scene(path: Path, size: int, value: float | None = None, seed: int = 0) -> Path:
@@ -324,3 +324,34 @@ def test_cli_sigterm_leaves_no_temporary_and_stale_ones_are_swept(tmp_path):
     assert proc.returncode == 130, err
     assert "interrupted" in err
     assert leftovers(out.parent) == []
+
+
+def test_a_full_disk_at_the_class_names_sidecar_answers_507_and_leaves_nothing(tmp_path):
+    if not can_mount():
+        pytest.skip("needs a tmpfs of an exact size (root)")
+    disk = tmp_path / "exact"
+    disk.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(disk)], check=True)
+    try:
+        scene(tmp_path / "s.tif", 64)
+        body = {"data": "s.tif", "data_format": "path", "out_data_format": "path"}
+        with running_server(
+            model="test-seg", output_dir=disk, allowed_input_dirs=[tmp_path]
+        ) as url:
+            first = httpx.post(f"{url}/v1/images", json=body, timeout=60)
+            assert first.status_code == 200, first.text
+            names = leftovers(disk)
+            assert names == [names[0], names[0] + ".aux.xml"]  # the map and its class names
+            size = (disk / names[0]).stat().st_size
+            for name in names:
+                (disk / name).unlink()
+            # room for the class map exactly: its temporary fits, its sidecar's does not
+            pages = -(-size // 4096) * 4096
+            subprocess.run(["mount", "-o", f"remount,size={pages}", str(disk)], check=True)
+            resp = httpx.post(f"{url}/v1/images", json=body, timeout=60)
+            left = leftovers(disk)
+    finally:
+        unmount(disk)
+    assert resp.status_code == 507, resp.text
+    assert "no space left for the output" in resp.json()["message"]
+    assert left == []  # neither the map, nor its sidecar, nor a temporary of either

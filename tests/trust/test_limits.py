@@ -217,7 +217,15 @@ def plain_server() -> Iterator[str]:
         ({"json": {"data": []}}, 422, "data"),
         ({"json": {"data": ["ok", ""]}}, 422, "data"),
         ({"content": b"", "headers": {"content-type": "application/json"}}, 400, "body is empty"),
-        ({"content": b"[" * 100_000 + b"]" * 100_000}, 400, "nested too deeply"),
+        (
+            {
+                "content": b"[" * 100_000 + b"]" * 100_000,
+                "headers": {"content-type": "application/json"},
+            },
+            400,
+            "nested too deeply",
+        ),
+        ({"content": b"{}", "headers": {"content-type": "text/plain"}}, 415, "application/json"),
         # a dict is modalities: this one's value is not base64
         ({"json": {"data": {"data": "x"}}}, 400, "modality 'data': input is not valid base64"),
     ],

@@ -30,6 +30,7 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "shutdown_timeout_s": ("--shutdown-timeout",),
     "allowed_input_dirs": ("--allowed-input-dir",),
     "allowed_url_domains": ("--allowed-url-domain",),
+    "allowed_hosts": ("--allowed-host",),
 }
 
 

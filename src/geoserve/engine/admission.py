@@ -39,6 +39,7 @@ from geoserve.errors import (
 )
 from geoserve.processors.base import InputProcessor, OutputProcessor, RasterContext
 from geoserve.processors.embeddings import token_grid
+from geoserve.raster.budget import add_pixels
 from geoserve.raster.dates import DateLike, request_dates
 from geoserve.raster.sinks import OutputSink, product_paths
 from geoserve.raster.source import DataFormat, RasterLike, RasterSource, open_raster
@@ -90,6 +91,20 @@ def modality_items(
     return items, when
 
 
+def _count_pixels(src: RasterSource, plan: StacPlan | None) -> None:
+    """Count a plain file's pixels to the request's budget: the bands the request reads of it.
+
+    Not counted where that is not known before the processor plans the request (a modality
+    stacked with others may give it any number of bands, or none): the request's own size
+    check, once everything is open, still counts it.
+    """
+    if plan is None or plan.partial:
+        return
+    info = src.info
+    bands = info.count if plan.selectors is None else len(plan.selectors)
+    add_pixels(info.name, info.width * info.height * bands)
+
+
 class Admission:
     """The admission half of :class:`Engine`; the attributes below are the engine's."""
 
@@ -124,6 +139,8 @@ class Admission:
         """One input opened through the allowed drivers (headers only).
 
         A STAC Item (``stac``: which of its bands) becomes one stack of the files it names.
+        Each file's pixels count to the request's budget as soon as its header is read
+        (:func:`geoserve.raster.budget.add_pixels`; an Item's files as each is opened).
         """
         kw: dict[str, Any] = {"threads": self.read_workers, "formats": self.config.allowed_formats}
         if stac is not None and is_stac_input(item, data_format, sniff=False):
@@ -135,6 +152,12 @@ class Admission:
                 if stac is None or not is_stac_input(item, data_format):
                     raise
                 src = stac.open(item, kw)
+            else:
+                try:
+                    _count_pixels(src, stac)
+                except BaseException:
+                    src.close()
+                    raise
         if date is not None:  # given: wins over tags and name
             src.info = dataclasses.replace(src.info, date=date)
         return src

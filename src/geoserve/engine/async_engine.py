@@ -1,9 +1,10 @@
 """An asyncio front over :class:`Engine` for servers: one engine loop in a background thread.
 
 Callers ``await submit(...)``. Opening a request's inputs (header parsing, band checks) runs in
-a worker thread; reading, normalising, the forward passes, stitching and encoding run in the
-engine thread. The event loop only moves requests and results, so it stays responsive under
-load.
+the engine's own admission threads, under the request's deadline
+(:mod:`geoserve.engine.admission_pool`); reading, normalising, the forward passes, stitching
+and encoding run in the engine thread. The event loop only moves requests and results, so it
+stays responsive under load.
 
 Admission is bounded in patches: a request is refused with :class:`QueueFullError` when the
 queue is already full (before anything is decoded) or when its own patches would overflow it
@@ -17,6 +18,7 @@ This module has no web imports; the HTTP layer maps its errors to status codes.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import queue
 import threading
@@ -26,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from geoserve.engine.admission import ImageInput
+from geoserve.engine.admission_pool import AdmissionPool, reaches_network
 from geoserve.engine.core import Engine
 from geoserve.engine.heap import trim_heap
 from geoserve.engine.limits import check_request
@@ -38,6 +41,7 @@ from geoserve.errors import (
     RequestTimeoutError,
     ShuttingDownError,
 )
+from geoserve.raster.budget import OpenBudget
 from geoserve.raster.dates import DateLike
 from geoserve.raster.source import DataFormat
 from geoserve.schemas import ImageRequestOutput, OutFormat, TensorRequestOutput
@@ -62,6 +66,9 @@ class AsyncEngine:
         max_wait_ms: How long a batch may wait for more patches, counted from the oldest
             pending request; 0 runs whatever is queued at once.
         on_batch: Called in the engine thread with each batch's size (for metrics).
+        admission_threads: Threads opening requests' inputs, in each of two lanes: requests
+            that reach other hosts, and the rest (see :mod:`geoserve.engine.admission_pool`);
+            None: cores + 4, at most 32 (as asyncio's default executor).
     """
 
     def __init__(
@@ -73,8 +80,10 @@ class AsyncEngine:
         max_memory_mb: float = 1024.0,
         max_wait_ms: float = 0.0,
         on_batch: Callable[[int], None] | None = None,
+        admission_threads: int | None = None,
     ) -> None:
         self.engine = engine
+        self._admission = AdmissionPool(admission_threads)
         self.max_queued_patches = max_queued_patches
         self.max_pixels = max_pixels
         self.max_memory = int(max_memory_mb * 1024 * 1024)
@@ -133,6 +142,7 @@ class AsyncEngine:
         deadline: float | None = None,
         dates: DateLike | Sequence[DateLike] | None = None,
         patch_keys: PatchKeys | None = None,
+        budget: OpenBudget | None = None,
     ) -> ImageRequestOutput:
         """Run one request and return its output (a failure in the engine is in ``.error``).
 
@@ -145,11 +155,23 @@ class AsyncEngine:
         request that already spent part of its ``timeout`` (fetching its inputs). ``dates``
         as for :meth:`Engine.prepare_request`. ``patch_keys`` names the request's patches in a
         :class:`~geoserve.engine.patch_cache.PatchCache` (patches found there do not run).
+
+        The one deadline covers opening the inputs too (in the engine's admission threads);
+        ``budget`` is the request's :class:`~geoserve.raster.budget.OpenBudget` (remote
+        requests and bytes, as the server counted them so far), else one is made here; its
+        ``max_pixels`` is this engine's unless set.
         """
-        budget = timeout
+        start = time.monotonic()
         if deadline is not None:
-            left = max(0.001, deadline - time.monotonic())
-            budget = left if budget is None else min(budget, left)
+            deadline = min(deadline, start + timeout) if timeout is not None else deadline
+        elif timeout is not None:
+            deadline = start + timeout
+        shown = timeout if timeout is not None else (deadline or start) - start
+        late = f"request {request_id} did not finish within {shown:g} s; its work was dropped"
+        if budget is None:
+            budget = OpenBudget(deadline, timeout_s=shown)
+        if budget.max_pixels is None:
+            budget.max_pixels = self.max_pixels
         if self.crashed is not None:
             raise _crash_error(self.crashed)
         if self._closing:
@@ -158,17 +180,23 @@ class AsyncEngine:
             raise QueueFullError(
                 f"queue full ({self.max_queued_patches} patches pending); retry later"
             )
-        req = await asyncio.to_thread(
-            self.engine.prepare_request,
-            inputs,
-            request_id=request_id,
-            output_path=output_path,
-            out_format=out_format,
-            data_format=data_format,
-            bands=bands,
-            output_kind=output_kind,
-            priority=priority,
-            dates=dates,
+        req = await self._admission.run(
+            functools.partial(
+                self.engine.prepare_request,
+                inputs,
+                request_id=request_id,
+                output_path=output_path,
+                out_format=out_format,
+                data_format=data_format,
+                bands=bands,
+                output_kind=output_kind,
+                priority=priority,
+                dates=dates,
+            ),
+            remote=reaches_network(inputs),
+            budget=budget,
+            timeout=_left(deadline),
+            late=late,
         )
         req.patch_keys = patch_keys
         loop = asyncio.get_running_loop()
@@ -181,12 +209,10 @@ class AsyncEngine:
         self._futures[request_id] = (loop, fut)
         self._inbox.put(("add", req))
         try:
-            return await asyncio.wait_for(asyncio.shield(fut), budget)
+            return await asyncio.wait_for(asyncio.shield(fut), _left(deadline))
         except TimeoutError:
             self.abort(request_id)
-            raise RequestTimeoutError(
-                f"request {request_id} did not finish within {timeout:g} s; its work was dropped"
-            ) from None
+            raise RequestTimeoutError(late) from None
         except asyncio.CancelledError:
             self.abort(request_id)
             raise
@@ -226,6 +252,41 @@ class AsyncEngine:
             self._reserved[req.request_id] = n
             self._memory[req.request_id] = need
 
+    def hold(self, key: str, nbytes: int, what: str, *, force: bool = False) -> None:
+        """Count memory the server holds outside the engine (a body, an answer) as admitted.
+
+        ``nbytes`` for ``key`` count against the memory bound, beside the admitted requests,
+        until :meth:`unhold`; called again for the same key, the count is replaced (a body
+        that grew). ``force``: count it whatever the bound (it is held already).
+
+        Raises:
+            PayloadTooLargeError: ``nbytes`` alone is over the bound.
+            QueueFullError: it does not fit beside what is held now (retry later).
+        """
+        mb = 1024 * 1024
+        if force:
+            with self._lock:
+                self._memory[key] = nbytes
+            return
+        if nbytes > self.max_memory:
+            raise PayloadTooLargeError(
+                f"{what} needs about {nbytes // mb} MB, over the memory limit of "
+                f"{self.max_memory // mb} MB (--max-memory-mb)"
+            )
+        with self._lock:
+            held = sum(self._memory.values()) - self._memory.get(key, 0)
+            if held + nbytes > self.max_memory:
+                raise QueueFullError(
+                    f"server busy: it holds about {held // mb} MB, {what} needs "
+                    f"{nbytes // mb} MB more, limit {self.max_memory // mb} MB; retry later"
+                )
+            self._memory[key] = nbytes
+
+    def unhold(self, key: str) -> None:
+        """Stop counting what :meth:`hold` counted for ``key``."""
+        with self._lock:
+            self._memory.pop(key, None)
+
     def abort(self, request_id: str) -> None:
         """Drop a request (from any thread); its future is cancelled."""
         self._inbox.put(("abort", request_id))
@@ -242,6 +303,7 @@ class AsyncEngine:
         """Stop the engine thread; pending requests are dropped."""
         self._closing = True
         self._inbox.put(("stop", None))
+        self._admission.close()
         self._thread.join(timeout=30)
         self.engine.close()
 
@@ -368,6 +430,11 @@ class AsyncEngine:
                 fut.set_result(result)
 
         _call_soon(loop, settle)
+
+
+def _left(deadline: float | None) -> float | None:
+    """Seconds to ``deadline`` (at least 1 ms; None: no deadline)."""
+    return None if deadline is None else max(0.001, deadline - time.monotonic())
 
 
 def _crash_error(exc: BaseException) -> ShuttingDownError:

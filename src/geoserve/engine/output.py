@@ -11,6 +11,15 @@ request's commit to a commit thread, which waits for its last writes, so a slow 
 polygons, converting to a COG) holds up neither the model loop nor other requests' writes;
 :meth:`OutputStage.collect` hands out the requests whose commit is done. Anything that goes
 wrong here fails its request alone.
+
+Commits run on two pools. A request with a vector kind (``polygons``, ``patch-embeddings``)
+commits on the vector pool, up to :data:`VECTOR_COMMIT_THREADS` at once; every other request
+(GeoTIFFs renamed into place or converted to COGs, tensors) on the raster pool's
+:data:`RASTER_COMMIT_THREADS`, so a plain request's commit never waits behind a polygon
+request's. A vector commit's cost is bounded (the polygons' vertex budget,
+:func:`~geoserve.raster.polygons.vertex_budget`), and a request aborted while committing
+(:meth:`OutputStage.abandon`: timed out, its client gone) has its ``cancelled`` flag set: its
+commit stops at its next check (the next polygon) and leaves no file.
 """
 
 from __future__ import annotations
@@ -25,11 +34,15 @@ from geoserve.engine.failures import FINISH, STITCH, WRITE, Fail, isolate, reque
 from geoserve.engine.products import discard
 from geoserve.engine.request import Request
 from geoserve.engine.runner import BatchOutput
-from geoserve.errors import ModelOutputShapeError
-from geoserve.schemas import ImageOutput, ImageRequestOutput, TensorRequestOutput
+from geoserve.errors import ModelOutputShapeError, RequestAbortedError
+from geoserve.schemas import VECTOR_KINDS, ImageOutput, ImageRequestOutput, TensorRequestOutput
 
 #: Output bands a request may have queued on the writer before the model loop waits for it.
 MAX_PENDING_WRITES = 4
+#: Commit threads of requests without a vector kind (a rename, a COG conversion).
+RASTER_COMMIT_THREADS = 2
+#: Commit threads of requests with a vector kind (tracing polygons), started as needed.
+VECTOR_COMMIT_THREADS = 8
 
 
 class OutputStage:
@@ -45,8 +58,13 @@ class OutputStage:
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="geoserve-write")
         # commits (a file checked and renamed, polygons traced, a COG converted) run beside it,
         # each after its request's last write: a slow one holds up neither the model loop
-        # nor the other requests' writes
-        self._committer = ThreadPoolExecutor(2, thread_name_prefix="geoserve-commit")
+        # nor the other requests' writes, and a vector one no raster one (module docstring)
+        self._committer = ThreadPoolExecutor(
+            RASTER_COMMIT_THREADS, thread_name_prefix="geoserve-commit"
+        )
+        self._vector_committer = ThreadPoolExecutor(
+            VECTOR_COMMIT_THREADS, thread_name_prefix="geoserve-commit-vector"
+        )
         self._finishing: list[tuple[Request, Future[dict[str, ImageOutput]]]] = []
         self._abandoned: set[str] = set()
 
@@ -110,9 +128,12 @@ class OutputStage:
     def finish(self, req: Request) -> None:
         """Commit the request's outputs on a commit thread, after its last writes.
 
-        Its outcome comes out of :meth:`collect` once the commit is done.
+        Its outcome comes out of :meth:`collect` once the commit is done. A request with a
+        vector kind commits on the vector pool, any other on the raster pool.
         """
-        self._finishing.append((req, self._committer.submit(_commit, req)))
+        vector = any(p.kind in VECTOR_KINDS for p in req.products())
+        pool = self._vector_committer if vector else self._committer
+        self._finishing.append((req, pool.submit(_commit, req)))
 
     @property
     def finishing(self) -> int:
@@ -139,23 +160,32 @@ class OutputStage:
                     continue
                 done.append(req.result(next(iter(by_kind.values())), by_kind=by_kind))
             except Exception as exc:  # fails this request alone, not the loop
-                self._abandoned.discard(req.request_id)
+                if req.request_id in self._abandoned:  # aborted: nobody waits for its outcome
+                    self._abandoned.discard(req.request_id)
+                    continue
                 done.append(req.result(error=request_error(req, exc, FINISH)))
             finally:
                 req.close()
         return done
 
     def abandon(self, request_id: str) -> bool:
-        """A request being committed was aborted: its outputs are removed once committed."""
-        if any(req.request_id == request_id for req, _ in self._finishing):
-            self._abandoned.add(request_id)
-            return True
+        """A request being committed was aborted: its commit is told to stop.
+
+        Its ``cancelled`` flag is set, so its commit stops at its next check; outputs it
+        committed all the same are removed once it is done. True if it was being committed.
+        """
+        for req, _ in self._finishing:
+            if req.request_id == request_id:
+                req.cancelled.set()
+                self._abandoned.add(request_id)
+                return True
         return False
 
     def close(self) -> None:
         """Stop the writer thread once its queued writes and commits are done."""
         self._writer.shutdown(wait=True)
         self._committer.shutdown(wait=True)
+        self._vector_committer.shutdown(wait=True)
         self.collect()  # (release the requests committed meanwhile; nobody waits for them)
 
 
@@ -163,6 +193,8 @@ def _commit(req: Request) -> dict[str, ImageOutput]:
     """Wait for the request's writes (on the writer thread), then commit its outputs."""
     while req.writes:
         req.writes.popleft().result()  # the writer's errors
+    if req.cancelled.is_set():  # aborted while its commit waited for a thread
+        raise RequestAbortedError(f"request {req.request_id} was aborted before its commit")
     t0 = time.perf_counter()
     by_kind = req.commit()
     req.timings.write += time.perf_counter() - t0

@@ -8,10 +8,18 @@ cached out of a batch before the forward pass, and :meth:`PatchCache.remember` k
 outputs of those that ran. The cache is bounded in bytes and forgets the least recently used
 patch first (``cachetools.LRUCache``); it is shared by the requests that hold it and used only
 from the engine's thread, with a lock for the counters read elsewhere.
+
+A scene's identity must change whenever its content may have: :func:`file_identity` for a
+file (its device, inode, size, and modification and change times: a file replaced by one of
+the same size with its modification time restored, ``cp -p`` or ``rsync -t``, still has a new
+change time, which no user can set back), the URL with its validators for a remote scene; a
+scene with no validator (a URL answered without ``ETag`` or ``Last-Modified``) gets an
+:class:`Unvalidated` identity, and its patches are neither looked up nor kept.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
@@ -58,7 +66,7 @@ class PatchCache:
             for patch in batch:
                 keys = patch.request.patch_keys
                 key = keys.key(patch.row, patch.col) if keys and keys.cache is self else None
-                found = self._lru.get(key) if key is not None else None
+                found = self._lru.get(key) if _reusable(key) else None
                 if found is None:
                     rest.append(patch)
                     self.misses += key is not None
@@ -81,12 +89,44 @@ class PatchCache:
                 if keys is None or keys.cache is not self:
                     continue
                 key = keys.key(patch.row, patch.col)
-                if key is None:
+                if not _reusable(key):
                     continue
                 out = part.host[i] if part.host is not None else part.out[i].cpu().numpy()
                 value = np.array(out, dtype=np.float32, copy=True)
                 if value.nbytes <= self.max_bytes:
                     self._lru[key] = value
+
+
+class Unvalidated:
+    """The identity of a scene whose content cannot be told from a changed one.
+
+    Each instance equals only itself; a patch key holding one (see :class:`PatchKeys`) is
+    never looked up or kept, so such a scene's patches always run.
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"Unvalidated({self.name!r})"
+
+
+def file_identity(path: str) -> tuple[str, int, int, int, int, int]:
+    """A file's identity for the cache: its path, device, inode, size, mtime and ctime.
+
+    Raises:
+        OSError: the file cannot be stat'ed.
+    """
+    st = os.stat(path)
+    return (path, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def _reusable(key: Hashable | None) -> bool:
+    """Whether a patch key may be looked up and kept (none that names an unvalidated scene)."""
+    if key is None:
+        return False
+    parts = key if isinstance(key, tuple) else (key,)
+    return not any(isinstance(part, Unvalidated) for part in parts)
 
 
 @dataclass(frozen=True)

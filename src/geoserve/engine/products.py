@@ -18,12 +18,12 @@ from pathlib import Path
 from typing import Any
 
 from geoserve.config import EngineConfig
-from geoserve.errors import ConfigError
+from geoserve.errors import ConfigError, RequestAbortedError
 from geoserve.processors.base import OutputProcessor, RasterContext
 from geoserve.processors.embeddings import EmbeddingReassembler, token_profile
 from geoserve.raster import tempfiles
 from geoserve.raster.patch_embeddings import PatchEmbeddingSink
-from geoserve.raster.polygons import PolygonSink
+from geoserve.raster.polygons import PolygonSink, vertex_budget
 from geoserve.raster.sinks import POLYGON_SUFFIXES, OutputSink, make_sink
 from geoserve.registry import ModelSpec
 from geoserve.schemas import OUTPUT_KINDS, TOKEN_KINDS, VECTOR_KINDS, ImageOutput, OutFormat
@@ -134,8 +134,15 @@ def product_sink(
         return PatchEmbeddingSink(path, ctx.profile, grid.height, grid.width)
     if kind == "polygons":
         names = getattr(out_proc, "classes", ())
+        budget = vertex_budget(grid.height * grid.width, config.max_polygon_vertices_per_pixel)
         return PolygonSink(
-            path, ctx.profile, grid.height, grid.width, class_names=names, min_area=config.min_area
+            path,
+            ctx.profile,
+            grid.height,
+            grid.width,
+            class_names=names,
+            min_area=config.min_area,
+            max_vertices=budget,
         )
     return make_sink(out_format, path, ctx.profile, grid.height, grid.width, cog=config.cog)
 
@@ -144,10 +151,14 @@ def commit_all(products: list[Product], out_format: OutFormat) -> dict[str, Imag
     """Finish every output kind of a request; by kind, in order.
 
     All or nothing: when one cannot be finished, the ones already finished are removed
-    again and any files they replaced put back (the request's close drops the rest).
+    again and any files they replaced put back (the request's close drops the rest). A
+    request aborted meanwhile (its sinks' ``cancelled`` set) stops before its next kind, and a
+    polygons kind at its next polygon.
 
     Raises:
         OutputWriteError: naming the output that could not be finished.
+        OutputTooComplexError: a vector kind over its cost bound.
+        RequestAbortedError: the request was aborted.
     """
     kept: list[tuple[Path, Path]] = []  # (a file an output will replace, where it waits)
     if len(products) > 1:  # a later kind may fail: keep what the earlier ones replace
@@ -161,6 +172,9 @@ def commit_all(products: list[Product], out_format: OutFormat) -> dict[str, Imag
     done: dict[str, ImageOutput] = {}
     try:
         for product in products:
+            cancelled = product.sink.cancelled
+            if cancelled is not None and cancelled.is_set():
+                raise RequestAbortedError(f"{product.kind}: the request was aborted")
             out = product.sink.commit(out_format)
             out.kind = product.kind
             done[product.kind] = out

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
@@ -110,10 +111,15 @@ class Request:
     token_canvas: Canvas | None = field(init=False, default=None)
     token_channels: int | None = None
     patch_keys: PatchKeys | None = None  # its patches' keys in a shared cache (map tiles)
+    #: Set when the request is aborted (timed out, its client gone): its commit stops.
+    cancelled: threading.Event = field(default_factory=threading.Event)
     _rows: RowPrefetcher[PatchRow] = field(init=False)
     _waited_on: Future[PatchRow] | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
+        for sink in (self.sink, *(p.sink for p in self.more_outputs)):
+            if sink is not None:
+                sink.cancelled = self.cancelled  # (its commit checks the request's flag)
         self.canvas = Canvas(self.ctx.grid, self.stitch_on)
         if self.token_size and any(p.kind == "embeddings" for p in self.products()):
             self.token_canvas = Canvas(token_grid(self.ctx.grid, self.token_size), self.stitch_on)

@@ -4,13 +4,15 @@ The engine hands each band of finished rows to the request's :class:`OutputSink`
 rows are final (see :mod:`geoserve.engine.canvas`), so a scene never has to fit in memory.
 ``path`` streams into a tiled GeoTIFF under a temporary name, renamed into place only when the
 last row is in; ``b64`` and ``bytes`` stream into an in-memory GeoTIFF; ``tensor`` fills one
-array. :meth:`OutputSink.abort` (a failed or cancelled request) leaves nothing behind.
+array. :meth:`OutputSink.abort` (a failed or cancelled request) leaves nothing behind. A sink's
+``cancelled`` is its request's cancel flag: a long commit (tracing polygons) checks it.
 """
 
 from __future__ import annotations
 
 import base64
 import os
+import threading
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -29,6 +31,8 @@ class OutputSink(ABC):
     def __init__(self, height: int, width: int) -> None:
         self.height, self.width = height, width
         self.meta: OutputRaster | None = None
+        #: Set when the sink's request was aborted (the request hands its own flag over).
+        self.cancelled: threading.Event | None = None
 
     @property
     def target(self) -> Path | None:

@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import base64
 import binascii
+import dataclasses
 import datetime as dt
 import os
 import re
 import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -43,6 +44,12 @@ from geoserve.errors import (
     NotGeoreferencedWarning,
     RasterReadError,
 )
+from geoserve.raster.budget import remote_env
+
+# the input values open_raster takes beside paths and bytes (their own module; named here too)
+from geoserve.raster.input_values import NamedBytes as NamedBytes
+from geoserve.raster.input_values import RasterArray as RasterArray
+from geoserve.raster.input_values import RasterWindow as RasterWindow
 from geoserve.raster.trust import (
     DEFAULT_INPUT_FORMATS,
     NOT_RASTER,
@@ -56,41 +63,7 @@ from geoserve.raster.trust import (
 
 DataFormat = Literal["auto", "path", "bytes", "b64", "url"]
 
-
-@dataclass(frozen=True)
-class RasterArray:
-    """An in-memory raster: ``data`` is (bands, height, width); ``profile`` as rasterio's.
-
-    The profile may hold ``crs``, ``transform``, ``nodata``, ``descriptions`` (band names) and
-    ``tags`` (a dict of metadata, such as ``{"ACQUISITION_DATE": "2020-06-01"}``); missing keys
-    mean "not georeferenced" / "no nodata" / "unnamed bands" / "no tags".
-    """
-
-    data: NDArray[Any]
-    profile: Mapping[str, Any] = field(default_factory=dict)
-    name: str = "<array>"
-
-
-@dataclass(frozen=True)
-class NamedBytes:
-    """Raster file bytes with the name to report them by (an upload's part file name).
-
-    The name is the client's text: it appears in messages (last path component, printable
-    characters, at most 100) and its date stamp is read like a file name's, after the file's
-    own date tags; it is never used as a path.
-    """
-
-    data: bytes
-    name: str
-
-    @property
-    def shown(self) -> str:
-        """How messages name it: ``upload 'scene.tif'``."""
-        base = re.split(r"[/\\]", self.name)[-1]
-        return f"upload {''.join(c for c in base if c.isprintable())[:100]!r}"
-
-
-RasterLike = str | os.PathLike[str] | bytes | NamedBytes | RasterArray
+RasterLike = str | os.PathLike[str] | bytes | NamedBytes | RasterArray | RasterWindow
 
 
 @dataclass(frozen=True)
@@ -198,6 +171,7 @@ class DatasetSource(RasterSource):
         self._cache_start = 0
         self._cache_bands: tuple[int, ...] = ()
         self.rows_decoded = 0  # rows read from the file (for tests: each block once)
+        self._offset = (0, 0)  # of a window (restrict): its first column and row
         apply_http_defaults()
         options: dict[str, Any] = {"NUM_THREADS": str(threads)} if threads > 1 else {}
         if data is not None:
@@ -286,8 +260,42 @@ class DatasetSource(RasterSource):
         assert cache is not None
         return cache[:, row_start - self._cache_start : row_stop - self._cache_start]
 
+    def restrict(self, window: Window, name: str) -> None:
+        """From now on, the source is ``window`` of the file (its grid, its rows), named ``name``.
+
+        Raises:
+            InputError: the window is empty or not inside the raster.
+        """
+        ds = self._ds
+        col, row = int(window.col_off), int(window.row_off)
+        width, height = int(window.width), int(window.height)
+        if (
+            width < 1
+            or height < 1
+            or min(col, row) < 0
+            or col + width > ds.width
+            or (row + height > ds.height)
+        ):
+            raise InputError(f"{name}: window {window} is not inside {self.info.name}")
+        self._offset = (col, row)
+        transform = ds.window_transform(window)
+        profile = {**self.info.profile, "width": width, "height": height, "transform": transform}
+        across = int(ds.block_shapes[0][1])  # GDAL decodes the blocks the window touches
+        touched = min(ds.width, -(-(col + width) // across) * across) - col // across * across
+        self.info = dataclasses.replace(
+            self.info,
+            name=name,
+            width=width,
+            height=height,
+            transform=transform,
+            profile=profile,
+            block_bytes=self.info.block_bytes * touched // ds.width,
+        )
+        self._cache = None
+
     def _read(self, row_start: int, row_stop: int, bands: Sequence[int]) -> NDArray[Any]:
-        window = Window(0, row_start, self.info.width, row_stop - row_start)
+        col, row = self._offset
+        window = Window(col, row + row_start, self.info.width, row_stop - row_start)
         try:
             out: NDArray[Any] = self._ds.read([b + 1 for b in bands], window=window)
         except RasterioError as exc:
@@ -350,10 +358,20 @@ def open_raster(
         InputError: bad base64, an unsupported data type, or zero width/height.
     """
     kw: dict[str, Any] = {"threads": threads, "formats": formats}
-    if isinstance(obj, RasterArray):
+    source: RasterSource
+    if isinstance(obj, RasterWindow):
+        remote = obj.path.startswith(_REMOTE)
+        source = _open_text(obj.path, False, "auto" if remote else "path", kw)
+        try:
+            assert isinstance(source, DatasetSource)  # (a path or URL opens as a dataset)
+            source.restrict(obj.window, obj.name)
+        except BaseException:
+            source.close()
+            raise
+    elif isinstance(obj, RasterArray):
         from geoserve.raster.arrays import ArraySource  # (it builds on this module)
 
-        source: RasterSource = ArraySource(obj)
+        source = ArraySource(obj)
     elif isinstance(obj, NamedBytes):
         if data_format not in ("auto", "bytes"):
             raise InputError(f"got bytes but data_format={data_format!r}")
@@ -395,7 +413,8 @@ def _open_text(
         url = text.removeprefix("/vsicurl/")  # read in place by HTTP range requests
         if not url.startswith(("http://", "https://")):
             raise InputError(f"{text}: only http(s) URLs are read remotely")
-        return DatasetSource(url, path="/vsicurl/" + url, **kw)
+        with remote_env(url):  # charged to the request's budget, GDAL's timeouts capped
+            return DatasetSource(url, path="/vsicurl/" + url, **kw)
     if data_format == "url":
         raise InputError(f"{text}: not an http(s) URL")
     path = Path(text)  # a local file, named literally: GDAL's /vsi prefixes mean nothing here

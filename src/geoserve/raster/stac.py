@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 from geoserve.errors import BandMismatchError, GeoServeError, InputError, count, prefixed
 from geoserve.raster.align import StackedSource, TargetGrid, align
+from geoserve.raster.budget import add_pixels
 from geoserve.raster.source import RasterSource
 from geoserve.raster.stac_item import AssetBand, StacItem
 
@@ -206,6 +207,8 @@ def open_item(
             parts.append(part)
             selection.append(bands)
             labels.extend(names)
+            # the request's size guard, file by file: not only once all of them are open
+            add_pixels(f"{item.name}: asset {run[0][1].asset!r}", part.read_cost(bands))
         grid = _finest(parts)
         how = ["nearest" if run[0][1].categorical else "bilinear" for run in runs]
         for i, resampling in enumerate(how):

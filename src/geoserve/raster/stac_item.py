@@ -38,6 +38,7 @@ import pystac
 from pystac.utils import make_absolute_href
 
 from geoserve.errors import InputError, RasterReadError
+from geoserve.raster.budget import current
 from geoserve.raster.dates import parse_date
 from geoserve.raster.trust import read_head
 
@@ -318,8 +319,13 @@ def _fetch(url: str, max_bytes: int) -> bytes:
     request = urllib.request.Request(
         url, headers={"Accept": "application/geo+json, application/json"}
     )
+    budget = current()  # a request's, while it opens its inputs: charged, its deadline kept
+    timeout = ITEM_TIMEOUT_S
+    if budget is not None:
+        budget.charge(url)
+        timeout = budget.http_timeout(ITEM_TIMEOUT_S)
     try:
-        with urllib.request.urlopen(request, timeout=ITEM_TIMEOUT_S) as resp:  # noqa: S310
+        with urllib.request.urlopen(request, timeout=timeout) as resp:  # noqa: S310
             if not resp.geturl().startswith(_HTTP):
                 raise InputError(f"{url}: redirected away from http(s)")
             raw: bytes = resp.read(max_bytes + 1)
@@ -330,6 +336,8 @@ def _fetch(url: str, max_bytes: int) -> bytes:
         raise InputError(f"{url}: cannot fetch the STAC Item ({why})") from None
     if len(raw) > max_bytes:
         raise InputError(f"{url}: larger than {max_bytes} bytes; not a STAC Item")
+    if budget is not None:
+        budget.add_bytes(url, len(raw))
     return raw
 
 

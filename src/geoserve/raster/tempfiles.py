@@ -79,12 +79,12 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def sweep(directory: Path, target_name: str | None = None) -> int:
+def sweep(directory: Path, *target_names: str) -> int:
     """Remove stale temporaries of geoserve's naming in ``directory``; returns how many.
 
     Stale: its process is gone (and the file untouched for :data:`STALE_AFTER_S`), or it is
-    this process's and no longer being written. With
-    ``target_name``, only the temporaries of that target. Never raises.
+    this process's and no longer being written. With ``target_names``, only the temporaries
+    of those targets (a file and its sidecar, say). Never raises.
     """
     removed = 0
     try:
@@ -95,7 +95,7 @@ def sweep(directory: Path, target_name: str | None = None) -> int:
         match = _PATTERN.match(entry.name)
         if match is None or match["host"] != _HOST:
             continue
-        if target_name is not None and match["name"] != target_name:
+        if target_names and match["name"] not in target_names:
             continue
         path = Path(entry.path)
         pid = int(match["pid"])

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import uuid
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -126,7 +125,7 @@ class RowWriter:
             )
         tempfiles.retry_orphans()
         if self.path is not None:  # a killed earlier run's leftovers for this target
-            tempfiles.sweep(self.path.parent, self.path.name)
+            tempfiles.sweep(self.path.parent, self.path.name, sidecar(self.path).name)
         self._source_profile = source_profile
         self.height, self.width, self.cog = height, width, cog
         self._tmp: list[Path] = []
@@ -155,9 +154,9 @@ class RowWriter:
             self._dst.update_tags(**out.tags)
         self._meta = out
 
-    def _new_tmp(self) -> Path:
+    def _new_tmp(self, target: Path | None = None) -> Path:
         assert self.path is not None
-        tmp = tempfiles.new_temporary(self.path)
+        tmp = tempfiles.new_temporary(target or self.path)
         self._tmp.append(tmp)
         return tmp
 
@@ -208,9 +207,18 @@ class RowWriter:
                 mem.seek(0)
                 return bytes(mem.read())
             verify_geotiff(src_name, self.height, self.width, self._meta)
+            aux = None
             if self._meta is not None and self._meta.categories:
-                _write_categories(self.path, self._meta.categories)
-            os.replace(src_name, self.path)
+                aux = self._new_tmp(sidecar(self.path))
+                aux.write_text(_categories_xml(self._meta.categories))
+                os.replace(aux, sidecar(self.path))
+            try:
+                os.replace(src_name, self.path)
+            except OSError:
+                if aux is not None:  # no sidecar without its file
+                    with contextlib.suppress(OSError):
+                        sidecar(self.path).unlink(missing_ok=True)
+                raise
             return self.path
         except (RasterioError, OSError) as exc:
             raise write_error(self.name, exc) from exc
@@ -361,22 +369,25 @@ def _write_whole(
     return writer.commit()
 
 
-def _write_categories(path: Path, names: Sequence[str]) -> None:
-    """Class names for GIS tools, in GDAL's PAM sidecar (``<file>.aux.xml``).
+def sidecar(path: Path) -> Path:
+    """GDAL's PAM sidecar of ``path`` (``<file>.aux.xml``), where class names are written."""
+    return path.with_name(path.name + ".aux.xml")
 
-    GeoTIFF has no place for category names; GDAL (and so QGIS) reads them from the sidecar.
+
+def _categories_xml(names: Sequence[str]) -> str:
+    """Class names for GIS tools, as GDAL's PAM sidecar holds them.
+
+    GeoTIFF has no place for category names; GDAL (and so QGIS) reads them from the sidecar,
+    written (by way of a temporary, as the file itself) just before the file is renamed into
+    place, and removed again if that fails.
     """
     from xml.sax.saxutils import escape
 
     items = "".join(f"<Category>{escape(n)}</Category>" for n in names)
-    xml = (
+    return (
         f'<PAMDataset><PAMRasterBand band="1"><CategoryNames>{items}</CategoryNames>'
         "</PAMRasterBand></PAMDataset>\n"
     )
-    sidecar = path.with_name(path.name + ".aux.xml")
-    tmp = sidecar.with_name(f".{sidecar.name}.{uuid.uuid4().hex[:8]}.tmp")
-    tmp.write_text(xml)
-    os.replace(tmp, sidecar)
 
 
 def geotiff_bytes(

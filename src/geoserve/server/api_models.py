@@ -22,7 +22,7 @@ from pydantic import (
     model_validator,
 )
 
-from geoserve.errors import InputError
+from geoserve.errors import InputError, UnsupportedMediaTypeError
 from geoserve.schemas import OutputKind
 
 InFormat = Literal["b64_json", "path", "url"]
@@ -120,12 +120,25 @@ def _loads(raw: bytes) -> Any:
         raise InputError("request body is not acceptable JSON (nested too deeply)") from None
 
 
-async def parse_json(model: type[BaseModel], raw: bytes) -> Any:
+async def parse_json(model: type[BaseModel], raw: bytes, content_type: str) -> Any:
     """Validate ``raw`` as ``model``; large bodies are decoded in a worker thread.
 
+    The body must be declared JSON (``application/json`` or ``+json``): a ``text/plain`` or
+    form body is what another site's page can make a browser send without asking, so it is
+    never read as a request.
+
     Raises:
-        InputError: not JSON; RequestValidationError: JSON of the wrong shape (422).
+        UnsupportedMediaTypeError: not declared JSON (415); InputError: not JSON;
+        RequestValidationError: JSON of the wrong shape (422).
     """
+    media = content_type.partition(";")[0].strip().lower()
+    if media != "application/json" and not (
+        media.startswith("application/") and media.endswith("+json")
+    ):
+        raise UnsupportedMediaTypeError(
+            f"Content-Type {media or 'missing'!r}: send JSON with 'Content-Type: "
+            "application/json' (or a multipart/form-data upload where the route takes one)"
+        )
     if not raw.strip():
         raise InputError("request body is empty; send JSON or a multipart upload")
     big = len(raw) > OFF_LOOP_JSON_BYTES

@@ -49,7 +49,14 @@ from geoserve.server.api_models import (
     validation_message,
 )
 from geoserve.server.errors import error_body, status_for
-from geoserve.server.gather import Items, as_items, count_items, gather, parse_multipart
+from geoserve.server.gather import (
+    Items,
+    as_items,
+    count_items,
+    gather,
+    open_budget,
+    parse_multipart,
+)
 from geoserve.server.maps import MapRoutes
 from geoserve.server.metrics import Metrics
 from geoserve.server.middleware import GuardMiddleware, unless_disconnected
@@ -97,6 +104,7 @@ class _Service:
                 max_memory_mb=s.max_memory_mb,
                 max_wait_ms=s.max_wait_ms,
                 on_batch=self.metrics.observe_batch,
+                admission_threads=s.admission_threads,
             )
             self.metrics.bind(
                 lambda: async_engine.remaining_patches, lambda: async_engine.in_flight
@@ -190,9 +198,10 @@ class _Service:
         path = self.output_path(rid, out_format, kinds)
         t0 = time.perf_counter()
         deadline = time.monotonic() + self.settings.request_timeout_s
+        budget = open_budget(self.settings, deadline)
 
         async def job() -> ImageRequestOutput:
-            inputs, fmt = await gather(self.settings, items, data_format, deadline)
+            inputs, fmt = await gather(self.settings, items, data_format, deadline, budget)
             return await eng.submit(
                 inputs if isinstance(inputs, dict) or len(inputs) > 1 else inputs[0],
                 request_id=rid,
@@ -205,9 +214,13 @@ class _Service:
                 timeout=self.settings.request_timeout_s,
                 deadline=deadline,
                 dates=when,
+                budget=budget,
             )
 
-        result = await unless_disconnected(request, job())
+        try:
+            result = await unless_disconnected(request, job())
+        finally:  # (done, timed out or its client left: nothing more reaches a host for it)
+            budget.cancel()
         self.metrics.latency.labels(endpoint=request.url.path).observe(time.perf_counter() - t0)
         if result.error is not None:
             raise result.error
@@ -229,7 +242,9 @@ class _Service:
                     "come from each file's tags or name (or send JSON with a dict of dates)"
                 )
         else:
-            body = await parse_json(ImagesRequest, await request.body())
+            body = await parse_json(
+                ImagesRequest, await request.body(), request.headers.get("content-type", "")
+            )
             items = as_items(body.data)
             data_format, dates = body.data_format, body.dates
         rid, result = await self.run(
@@ -266,7 +281,9 @@ class _Service:
 
     async def pooling(self, request: Request) -> Response:
         """POST /pooling: vLLM's IO-processor request and response shapes."""
-        body = await parse_json(PoolingRequest, await request.body())
+        body = await parse_json(
+            PoolingRequest, await request.body(), request.headers.get("content-type", "")
+        )
         if body.model is not None and body.model != self.settings.model:
             raise UnknownModelError(body.model, [self.settings.model])
         bands = list(body.data.indices) if body.data.indices is not None else None

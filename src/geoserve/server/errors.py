@@ -11,12 +11,14 @@ from geoserve.errors import (
     ModelExecutionError,
     NotFoundError,
     OutputSpaceError,
+    OutputTooComplexError,
     PayloadTooLargeError,
     QueueFullError,
     RasterReadError,
     RequestTimeoutError,
     ShuttingDownError,
     UnknownNameError,
+    UnsupportedMediaTypeError,
     ZoomTooLowError,
 )
 
@@ -30,6 +32,8 @@ STATUS_TABLE: tuple[tuple[type[Exception], int], ...] = (
     (UnknownNameError, 404),
     (NotFoundError, 404),
     (ZoomTooLowError, 422),
+    (OutputTooComplexError, 422),  # a class map too fragmented for vector output
+    (UnsupportedMediaTypeError, 415),
     (ModelExecutionError, 500),
     (OutputSpaceError, 507),  # the output's disk is full: another replica may have room
     (RasterReadError, 400),

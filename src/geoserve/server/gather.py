@@ -22,6 +22,7 @@ from typing import Any
 from starlette.requests import Request
 
 from geoserve.errors import ForbiddenInputError, InputError
+from geoserve.raster.budget import OpenBudget
 from geoserve.raster.source import DataFormat, NamedBytes, RasterLike
 from geoserve.raster.stac_item import MAX_ITEM_BYTES, StacItem, is_stac_input
 from geoserve.server.api_models import (
@@ -64,13 +65,31 @@ def count_items(items: Items) -> int:
     return len(items)
 
 
+def open_budget(settings: ServerSettings, deadline: float) -> OpenBudget:
+    """A request's allowance for opening its inputs (see :mod:`geoserve.raster.budget`)."""
+    s = settings
+    mb = s.max_remote_mb if s.max_remote_mb is not None else s.max_body_mb
+    return OpenBudget(
+        deadline,
+        max_requests=s.max_remote_requests,
+        max_bytes=int(mb * 1024 * 1024),
+        max_pixels=s.max_pixels,
+        timeout_s=s.request_timeout_s,
+    )
+
+
 async def gather(
-    settings: ServerSettings, items: Items, data_format: str, deadline: float
+    settings: ServerSettings,
+    items: Items,
+    data_format: str,
+    deadline: float,
+    budget: OpenBudget | None = None,
 ) -> tuple[list[RasterLike] | dict[str, list[RasterLike]], DataFormat]:
     """Apply the path/URL guards to every input, keeping the request's shape.
 
     Every URL of the request is checked before any is fetched: a request naming one host
-    that is not allowed makes no connection at all.
+    that is not allowed makes no connection at all. ``budget``: the request's remote budget
+    (:mod:`geoserve.raster.budget`), charged each request made to a host and its bytes.
     """
     if data_format == "url":
         for values in items.values() if isinstance(items, dict) else [items]:
@@ -81,9 +100,11 @@ async def gather(
         out: dict[str, list[RasterLike]] = {}
         fmt: DataFormat = "auto"
         for name, values in items.items():
-            out[name], fmt = await _gather_list(settings, values, data_format, deadline, seen)
+            out[name], fmt = await _gather_list(
+                settings, values, data_format, deadline, seen, budget
+            )
         return out, fmt
-    return await _gather_list(settings, items, data_format, deadline, seen)
+    return await _gather_list(settings, items, data_format, deadline, seen, budget)
 
 
 #: Most STAC Items one request may name (each is read whole, at most MAX_ITEM_BYTES).
@@ -103,7 +124,12 @@ class _Items:
 
 
 async def _gather_list(
-    s: ServerSettings, items: list[Any], data_format: str, deadline: float, seen: _Items
+    s: ServerSettings,
+    items: list[Any],
+    data_format: str,
+    deadline: float,
+    seen: _Items,
+    budget: OpenBudget | None,
 ) -> tuple[list[RasterLike], DataFormat]:
     if data_format == "bytes":
         return list(items), "bytes"
@@ -124,14 +150,17 @@ async def _gather_list(
             left = deadline - time.monotonic()
             if is_stac_input(u):  # an Item's JSON: fetched (no redirects, capped), then vetted
                 seen.add(u)
-                raw = await fetch_url(u, s.allowed_url_domains, min(limit, MAX_ITEM_BYTES), left)
+                cap = min(limit, MAX_ITEM_BYTES)
+                raw = await fetch_url(u, s.allowed_url_domains, cap, left, budget)
                 item = await asyncio.to_thread(StacItem.parse, raw, u, stac_guard(s))
                 data.append(item)
             elif s.url_reads == "range":
                 fmts = s.engine.allowed_formats
-                data.append(await remote_input(u, s.allowed_url_domains, limit, left, fmts))
+                data.append(
+                    await remote_input(u, s.allowed_url_domains, limit, left, fmts, budget=budget)
+                )
             else:
-                data.append(await fetch_url(u, s.allowed_url_domains, limit, left))
+                data.append(await fetch_url(u, s.allowed_url_domains, limit, left, budget))
         return data, "auto"  # /vsicurl/ paths and downloaded bytes
     return list(items), "b64"
 

@@ -29,6 +29,7 @@ from geoserve.errors import (
     PayloadTooLargeError,
     RequestTimeoutError,
 )
+from geoserve.raster.budget import OpenBudget, current
 from geoserve.raster.trust import DEFAULT_INPUT_FORMATS, refuse_other_formats
 
 
@@ -84,28 +85,34 @@ HTTP_TIMEOUT = httpx.Timeout(10.0, connect=5.0)
 
 
 async def fetch_url(
-    url: str, domains: Sequence[str], max_bytes: int, deadline_s: float = 60.0
+    url: str,
+    domains: Sequence[str],
+    max_bytes: int,
+    deadline_s: float = 60.0,
+    budget: OpenBudget | None = None,
 ) -> bytes:
     """Download an allowed URL, at most ``max_bytes``, without following redirects.
 
     The whole download must finish within ``deadline_s`` (a source that trickles bytes does
     not keep the request alive); cancelling the awaiting task (the client left, the server
-    drains) stops it at once.
+    drains) stops it at once. ``budget``: the request's, charged the GET and every byte.
 
     Raises:
         ForbiddenInputError: see :func:`check_url`; InputError: HTTP or network failure;
         PayloadTooLargeError: the body exceeds ``max_bytes``; RequestTimeoutError: too slow.
     """
     check_url(url, domains)
+    if budget is not None:
+        budget.charge(url)
     try:
-        return await asyncio.wait_for(_download(url, max_bytes), max(deadline_s, 0.001))
+        return await asyncio.wait_for(_download(url, max_bytes, budget), max(deadline_s, 0.001))
     except TimeoutError:
         raise RequestTimeoutError(
             f"{url}: the download did not finish within {deadline_s:.0f} s"
         ) from None
 
 
-async def _download(url: str, max_bytes: int) -> bytes:
+async def _download(url: str, max_bytes: int, budget: OpenBudget | None) -> bytes:
     chunks: list[bytes] = []
     size = 0
     try:
@@ -121,6 +128,8 @@ async def _download(url: str, max_bytes: int) -> bytes:
                 size += len(chunk)
                 if size > max_bytes:
                     raise PayloadTooLargeError(f"{url}: larger than {max_bytes} bytes")
+                if budget is not None:
+                    budget.add_bytes(url, len(chunk))
                 chunks.append(chunk)
     except httpx.HTTPError as exc:
         raise InputError(f"{url}: download failed ({type(exc).__name__}: {exc})") from exc
@@ -134,12 +143,14 @@ async def remote_input(
     deadline_s: float = 60.0,
     formats: Sequence[str] = DEFAULT_INPUT_FORMATS,
     headers: dict[str, str] | None = None,
+    budget: OpenBudget | None = None,
 ) -> str | bytes:
     """``/vsicurl/<url>`` if the server supports range reads, else the downloaded bytes.
 
     Before GDAL is given the URL, its first bytes are fetched (one range request, no
     redirects) and content in a format outside ``formats`` is refused unparsed. ``headers``,
-    when given, receives the host's answer to the ``HEAD`` (its ETag, say).
+    when given, receives the host's answer to the ``HEAD`` (its ETag, say). ``budget``: the
+    request's, charged each request and its bytes before it is made.
 
     Raises:
         As :func:`fetch_url`; InputFormatError: the content is another format (a VRT, say).
@@ -148,6 +159,8 @@ async def remote_input(
     t0 = time.monotonic()
     try:
         async with httpx.AsyncClient(follow_redirects=False, timeout=HTTP_TIMEOUT) as client:
+            if budget is not None:
+                budget.charge(url)
             head = await asyncio.wait_for(client.head(url), max(deadline_s, 0.001))
             if headers is not None:
                 headers.update({k.lower(): v for k, v in head.headers.items()})
@@ -155,6 +168,8 @@ async def remote_input(
                 head.status_code == 200 and head.headers.get("accept-ranges", "").lower() == "bytes"
             )
             if ranged:
+                if budget is not None:
+                    budget.charge(url, 1, SNIFF_BYTES)
                 first, head_bytes = await asyncio.wait_for(
                     _first_bytes(client, url), max(deadline_s - (time.monotonic() - t0), 0.001)
                 )
@@ -167,7 +182,8 @@ async def remote_input(
     if ranged and first.status_code in (200, 206):
         refuse_other_formats(url, head_bytes, formats)
         return VSICURL + url
-    return await fetch_url(url, domains, max_bytes, deadline_s - (time.monotonic() - t0))
+    left = deadline_s - (time.monotonic() - t0)
+    return await fetch_url(url, domains, max_bytes, left, budget)
 
 
 #: Bytes fetched to tell an in-place URL input's format before GDAL opens it.
@@ -195,15 +211,23 @@ def check_remote_file(url: str, domains: Sequence[str], formats: Sequence[str]) 
 
     Synchronous (admission runs in a worker thread): the host must be allowed, answer a
     ``HEAD`` and a first range request without redirecting, serve byte ranges, and the
-    content must not be a format outside ``formats``.
+    content must not be a format outside ``formats``. Each request is charged to the
+    request's budget (:func:`geoserve.raster.budget.current`) first, and its timeouts capped
+    to the time the request has left.
 
     Raises:
         ForbiddenInputError: a host not allowed, or a redirect; InputError: no range
-        requests, or the host cannot be reached; InputFormatError: another format.
+        requests, or the host cannot be reached; InputFormatError: another format;
+        RequestTimeoutError: past the deadline; PayloadTooLargeError: over the budget.
     """
     check_url(url, domains)
+    budget = current()
+    timeout = HTTP_TIMEOUT
+    if budget is not None:
+        budget.charge(url)
+        timeout = httpx.Timeout(budget.http_timeout(10.0), connect=budget.http_timeout(5.0))
     try:
-        with httpx.Client(follow_redirects=False, timeout=HTTP_TIMEOUT) as client:
+        with httpx.Client(follow_redirects=False, timeout=timeout) as client:
             head = client.head(url)
             if head.is_redirect:
                 raise ForbiddenInputError(f"{url}: redirects are not followed")
@@ -212,10 +236,14 @@ def check_remote_file(url: str, domains: Sequence[str], formats: Sequence[str]) 
             if head.headers.get("accept-ranges", "").lower() != "bytes":
                 raise InputError(f"{url}: the host does not serve byte ranges")
             got = b""
+            if budget is not None:
+                budget.charge(url, 1, SNIFF_BYTES)
             with client.stream("GET", url, headers={"Range": f"bytes=0-{SNIFF_BYTES - 1}"}) as r:
                 if r.is_redirect:
                     raise ForbiddenInputError(f"{url}: redirects are not followed")
                 for chunk in r.iter_bytes():
+                    if budget is not None:  # a host trickling its bytes: not past the deadline
+                        budget.check(url)
                     got += chunk
                     if len(got) >= SNIFF_BYTES:
                         break

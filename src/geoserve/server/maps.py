@@ -15,6 +15,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import hashlib
 import os
 import re
 import time
@@ -22,14 +24,15 @@ import uuid
 from collections.abc import Callable, Iterator
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from fastapi import FastAPI, Request
-from fastapi.responses import FileResponse, JSONResponse, Response
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from geoserve.engine.patch_cache import PatchCache
+from geoserve.engine.patch_cache import PatchCache, Unvalidated, file_identity
 from geoserve.errors import ForbiddenInputError, InputError, NotFoundError, RasterReadError
+from geoserve.raster.write import write_error
 from geoserve.server.inputs import remote_input, resolve_input_path
 from geoserve.server.metrics import Metrics
 from geoserve.server.scenes import SceneStore
@@ -50,8 +53,11 @@ UI_FILES = {
     "leaflet/images/marker-shadow.png": "image/png",
 }
 _OUTPUT_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,200}\.tif")
-#: How long a vetted URL source is trusted before it is checked (and its ETag read) again.
+#: How long a vetted URL source with a validator (ETag, Last-Modified) is trusted before it
+#: is checked (and its validator read) again; one without is checked for every tile.
 URL_CHECK_S = 60.0
+#: The bytes of a stored prediction sent at a time.
+CHUNK = 1024 * 1024
 
 
 class MapRoutes:
@@ -125,22 +131,23 @@ class MapRoutes:
             if kind == "input":
                 raise InputError("kind: a stored output has no input bands; ask for classes")
             body = await asyncio.to_thread(service.stored_tile, path, z, x, y, kind)  # type: ignore[arg-type]
+        elif source.startswith("scn-"):
+            with self.scenes.use(source) as scene:  # (not evicted while its tile is made)
+                body = await service.tile(scene.source(), z, x, y, kind)  # type: ignore[arg-type]
         else:
             body = await service.tile(await self._source(source), z, x, y, kind)  # type: ignore[arg-type]
         return Response(body, media_type="image/png", headers={"Cache-Control": "no-store"})
 
     async def _source(self, text: str) -> TileSource:
-        """A tile source by the trust rules of ``/v1/images``."""
-        if text.startswith("scn-"):
-            return self.scenes.get(text).source()
+        """A path or URL tile source by the trust rules of ``/v1/images``."""
         if text.startswith(("http://", "https://")):
             return await self._url_source(text)
         path = await asyncio.to_thread(resolve_input_path, text, self.settings.allowed_input_dirs)
         try:  # (what it is, a regular file, open_raster checks when the tile opens it)
-            stat = os.stat(path)
+            identity = file_identity(path)
         except OSError:
             raise RasterReadError(f"{text}: not found") from None
-        return TileSource(Path(path).name, path, (path, stat.st_mtime_ns, stat.st_size))
+        return TileSource(Path(path).name, path, identity)
 
     async def _url_source(self, url: str) -> TileSource:
         known = self._urls.get(url)
@@ -162,8 +169,14 @@ class MapRoutes:
         )
         if not isinstance(where, str):
             raise InputError(f"{url}: tiles need a server that answers HTTP range requests")
-        tag = head.get("etag") or head.get("last-modified") or ""
-        source = TileSource(url.rsplit("/", 1)[-1][:100], where, (url, tag))
+        # GDAL keeps what it read of a URL for later opens of the same name: the name it is
+        # given carries a fragment (never sent to the host) that changes with the content
+        name = url.rsplit("/", 1)[-1][:100]
+        validators = (head.get("etag"), head.get("last-modified"), head.get("content-length"))
+        if validators[:2] == (None, None):  # its content may change unseen: nothing is reused
+            return TileSource(name, f"{where}#{uuid.uuid4().hex}", Unvalidated(url))
+        tag = hashlib.sha256(repr(validators).encode()).hexdigest()[:32]
+        source = TileSource(name, f"{where}#{tag}", (url, tag))
         if len(self._urls) > 256:
             self._urls.clear()
         self._urls[url] = (time.monotonic(), source)
@@ -198,7 +211,7 @@ class MapRoutes:
         return scene.describe(self.settings.scene_ttl_s)
 
     async def describe(self, sid: str) -> dict[str, Any]:
-        """GET /v1/scenes/{id}."""
+        """GET /v1/scenes/{id} (not a use: its expiry stays)."""
         return self.scenes.get(sid).describe(self.settings.scene_ttl_s)
 
     async def delete(self, sid: str) -> Response:
@@ -208,35 +221,49 @@ class MapRoutes:
 
     async def predict(self, sid: str) -> dict[str, Any]:
         """POST /v1/scenes/{id}/predict: the whole scene's classes, stored beside it."""
-        scene = self.scenes.get(sid)
         engine = self.ready_engine()
         t0 = time.perf_counter()
-        result = await engine.submit(
-            str(scene.path),
-            request_id=f"geo-{uuid.uuid4().hex}",
-            out_format="path",
-            output_path=scene.prediction,
-            output_kind=["classes"],
-            timeout=self.settings.request_timeout_s,
-        )
-        result.raise_for_error()
-        if not self.scenes.holds(scene):  # deleted (or expired) while it ran
-            await asyncio.to_thread(self.scenes.discard_files, scene)
-            raise NotFoundError(f"scene {sid}: deleted while it was predicted")
-        await asyncio.to_thread(_add_overviews, scene.prediction)
+        with self.scenes.use(sid) as scene:  # (not evicted or expired while it runs)
+            result = await engine.submit(
+                str(scene.path),
+                request_id=f"geo-{uuid.uuid4().hex}",
+                out_format="path",
+                output_path=scene.prediction,
+                output_kind=["classes"],
+                timeout=self.settings.request_timeout_s,
+            )
+            result.raise_for_error()
+            if not self.scenes.holds(scene):  # deleted while it ran
+                await asyncio.to_thread(self.scenes.discard_files, scene)
+                raise NotFoundError(f"scene {sid}: deleted while it was predicted")
+            await asyncio.to_thread(_add_overviews, scene.prediction)  # (or the map goes)
         return {
             "id": scene.id,
             "download": f"v1/scenes/{scene.id}/prediction.tif",
             "seconds": round(time.perf_counter() - t0, 3),
         }
 
-    async def download(self, sid: str) -> FileResponse:
-        """GET /v1/scenes/{id}/prediction.tif: the stored whole-scene class map."""
-        scene = self.scenes.get(sid)
-        if not scene.prediction.exists():
-            raise NotFoundError(f"scene {sid}: not predicted yet (POST /v1/scenes/{sid}/predict)")
-        return FileResponse(
-            scene.prediction, media_type="image/tiff", filename=f"{scene.id}_classes.tif"
+    async def download(self, sid: str) -> StreamingResponse:
+        """GET /v1/scenes/{id}/prediction.tif: the stored whole-scene class map.
+
+        Sent from the file opened here, so a scene evicted or deleted meanwhile does not cut
+        the download short.
+        """
+        with self.scenes.use(sid) as scene:
+            try:
+                file = scene.prediction.open("rb")
+            except FileNotFoundError:
+                raise NotFoundError(
+                    f"scene {sid}: not predicted yet (POST /v1/scenes/{sid}/predict)"
+                ) from None
+        size = os.fstat(file.fileno()).st_size
+        return StreamingResponse(
+            _chunks(file),
+            media_type="image/tiff",
+            headers={
+                "Content-Length": str(size),
+                "Content-Disposition": f'attachment; filename="{scene.id}_classes.tif"',
+            },
         )
 
     # -- the page ----------------------------------------------------------------------------
@@ -268,15 +295,32 @@ def _ui_bytes(name: str) -> bytes:
     return (resources.files("geoserve.server") / "ui" / name).read_bytes()
 
 
+def _chunks(file: BinaryIO) -> Iterator[bytes]:
+    """A file's bytes, a chunk at a time; the file closed at the end (or when dropped)."""
+    with file:
+        while chunk := file.read(CHUNK):
+            yield chunk
+
+
 def _add_overviews(path: Path) -> None:
-    """Overviews for the low zooms' tiles of a stored class map (nearest: classes stay)."""
+    """Overviews for the low zooms' tiles of a stored class map (nearest: classes stay).
+
+    Raises:
+        OutputWriteError: (:class:`OutputSpaceError` on a full disk) the map is removed.
+    """
     import rasterio
     from rasterio.enums import Resampling
+    from rasterio.errors import RasterioError
 
-    with rasterio.open(path, "r+") as ds:
-        factors = [f for f in (2, 4, 8, 16, 32, 64) if min(ds.width, ds.height) // f >= 64]
-        if factors:
-            ds.build_overviews(factors, Resampling.nearest)
+    try:
+        with rasterio.open(path, "r+") as ds:
+            factors = [f for f in (2, 4, 8, 16, 32, 64) if min(ds.width, ds.height) // f >= 64]
+            if factors:
+                ds.build_overviews(factors, Resampling.nearest)
+    except (RasterioError, OSError) as exc:  # a map with half its overviews is not kept
+        with contextlib.suppress(OSError):
+            path.unlink(missing_ok=True)
+        raise write_error(str(path), exc) from exc
 
 
 class _CacheCollector:

@@ -1,11 +1,15 @@
 """One ASGI middleware for the guards that come before any route runs.
 
-In order: health routes pass untouched; the API key is checked (constant-time) → 401; while
-draining, new requests get 503; the body is limited by its declared length and again by the
-bytes actually received (a missing or false ``Content-Length`` does not help) → 413. It also
-counts requests in flight (the drain waits for them), records status codes for metrics, and
-turns any unexpected exception into a JSON 500 without a traceback. :func:`unless_disconnected`
-is its counterpart inside a route: the route's work is cancelled when its client goes away.
+In order: health routes pass untouched; a ``Host`` the server does not answer to gets 400 and
+a cross-site request that changes state 403 (:mod:`geoserve.server.origins`); the API key is
+checked (constant-time) → 401; while draining, new requests get 503; the body is limited by
+its declared length and again by the bytes actually received (a missing or false
+``Content-Length`` does not help) → 413. Every answer carries ``nosniff``,
+``X-Frame-Options: DENY``, ``Referrer-Policy: same-origin`` and a Content-Security-Policy (the
+page's allows only its own files, and the basemap's host). It also counts requests in flight
+(the drain waits for them), records status codes for metrics, and turns any unexpected
+exception into a JSON 500 without a traceback. :func:`unless_disconnected` is its counterpart
+inside a route: the route's work is cancelled when its client goes away.
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ import contextlib
 import hmac
 import json
 import logging
+import re
+import uuid
 from typing import Any
 
 from starlette.requests import Request
@@ -23,6 +29,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from geoserve.server.errors import error_body
 from geoserve.server.metrics import Metrics
+from geoserve.server.origins import HostRule, refusal
 from geoserve.server.settings import ServerSettings
 
 logger = logging.getLogger("geoserve.server")
@@ -33,6 +40,35 @@ def _page(scope: Scope) -> bool:
     """The map page and its files: what a browser opens by itself."""
     path: str = scope["path"]
     return path == "/" or path.startswith("/ui/")
+
+
+def _basic(headers: dict[str, str]) -> bool:
+    """The request carries HTTP Basic credentials (what a browser remembers and resends)."""
+    return headers.get("authorization", "").lower().startswith("basic ")
+
+
+def page_policy(basemap_url: str | None) -> str:
+    """The map page's Content-Security-Policy: its own files, and the basemap's tiles."""
+    images = "'self' data: blob:"
+    if basemap_url:
+        parts = basemap_url.split("/", 3)  # scheme:, '', host (maybe with {s}), path
+        host = re.sub(r"\{[^}]*\}", "*", parts[2]) if len(parts) > 2 else ""
+        ok = re.fullmatch(r"(\*\.)?[A-Za-z0-9.-]+(:[0-9]+)?", host)
+        images += f" {parts[0]}//{host}" if ok else f" {parts[0]}"
+    return (
+        "default-src 'self'; script-src 'self'; style-src 'self'; "
+        f"img-src {images}; connect-src 'self'; object-src 'none'; base-uri 'none'; "
+        "form-action 'self'; frame-ancestors 'none'"
+    )
+
+
+def _security_headers(policy: str) -> list[tuple[bytes, bytes]]:
+    return [
+        (b"x-content-type-options", b"nosniff"),
+        (b"x-frame-options", b"DENY"),
+        (b"referrer-policy", b"same-origin"),
+        (b"content-security-policy", policy.encode()),
+    ]
 
 
 class BodyTooLarge(Exception):
@@ -54,25 +90,43 @@ async def _send_json(
 
 
 class _Exchange:
-    """Wraps one request's receive/send: counts body bytes, notes when the response starts."""
+    """Wraps one request's receive/send: counts body bytes, notes when the response starts.
 
-    def __init__(self, receive: Receive, send: Send, limit: int) -> None:
+    With an engine (``ledger``), what the server holds for the request outside the engine is
+    counted against its memory bound: the body as it arrives (``factor`` times: a JSON body is
+    held as bytes and again as parsed text), and an answer from when it starts until it is
+    sent. A body that does not fit fails the request (503 or 413) while it streams in.
+    """
+
+    def __init__(self, receive: Receive, send: Send, limit: int, ledger: Any, factor: int) -> None:
         self._receive, self._send, self._limit = receive, send, limit
+        self._ledger, self._factor = ledger, factor
+        self.key = f"held-{uuid.uuid4().hex}"
         self.received = 0
         self.started = False
 
     async def receive(self) -> Message:
         message = await self._receive()
         if message["type"] == "http.request":
-            self.received += len(message.get("body", b""))
+            chunk = len(message.get("body", b""))
+            self.received += chunk
             if self.received > self._limit:
                 raise BodyTooLarge()
+            if chunk and self._ledger is not None:
+                self._ledger.hold(self.key, self.received * self._factor, "the request body")
         return message
 
     async def send(self, message: Message) -> None:
         if message["type"] == "http.response.start":
             self.started = True
+            length = dict(message.get("headers", [])).get(b"content-length", b"")
+            if self._ledger is not None and length.isdigit():  # the answer, until it is sent
+                self._ledger.hold(self.key, int(length), "the answer", force=True)
         await self._send(message)
+
+    def release(self) -> None:
+        if self._ledger is not None:
+            self._ledger.unhold(self.key)
 
 
 class GuardMiddleware:
@@ -86,22 +140,20 @@ class GuardMiddleware:
         self.state = state
         self.metrics = metrics
         self.limit = int(settings.max_body_mb * 1024 * 1024)
+        self.hosts = HostRule.for_server(settings.host, settings.allowed_hosts)
+        self.api_headers = _security_headers("default-src 'none'; frame-ancestors 'none'")
+        self.page_headers = _security_headers(page_policy(settings.basemap_url))
         state.setdefault("in_flight", 0)
 
-    def _authorized(self, scope: Scope) -> bool:
+    def _authorized(self, headers: dict[str, str]) -> bool:
         key = self.settings.api_key
         if not key:
             return True
-        headers = {k.decode().lower(): v.decode("latin-1") for k, v in scope["headers"]}
         given = headers.get("x-api-key", "")
         auth = headers.get("authorization", "")
         if auth.lower().startswith("bearer "):
             given = auth[7:].strip()
-        elif auth.lower().startswith("basic "):  # a browser on the map page: the password
-            # a browser sends Basic credentials by itself, also for another site's page that
-            # posts here: those (Sec-Fetch-Site cross-site or same-site) are refused
-            if headers.get("sec-fetch-site", "same-origin") not in ("same-origin", "none"):
-                return False
+        elif _basic(headers):  # a browser on the map page: the password
             try:
                 given = base64.b64decode(auth[6:].strip()).decode().partition(":")[2]
             except (ValueError, UnicodeDecodeError):
@@ -115,10 +167,12 @@ class GuardMiddleware:
             return
         endpoint = scope["path"] if scope["path"] in ROUTES else "other"
         status_seen = {"code": 500}
+        extra = self.page_headers if _page(scope) else self.api_headers
 
         async def send_counted(message: Message) -> None:
             if message["type"] == "http.response.start":
                 status_seen["code"] = message["status"]
+                message = {**message, "headers": [*message.get("headers", []), *extra]}
             await send(message)
 
         try:
@@ -127,8 +181,27 @@ class GuardMiddleware:
             code = str(status_seen["code"])
             self.metrics.requests.labels(endpoint=endpoint, status=code).inc()
 
+    def _refused(self, scope: Scope, headers: dict[str, str]) -> tuple[int, str, str] | None:
+        """(status, message, kind) if the Host or the same-origin rule refuses it; else None."""
+        if not self.hosts.allows(headers.get("host")):
+            host = headers.get("host", "")[:100]
+            name = host.rsplit(":", 1)[0] or "NAME"
+            message = (
+                f"Host {host!r} is not a name this server answers to; start it with "
+                f"--allowed-host {name} to allow it"
+            )
+            return 400, message, "HostNotAllowedError"
+        why = refusal(scope["method"], headers, scope.get("scheme", "http"), basic=_basic(headers))
+        return None if why is None else (403, why, "CrossSiteRequestError")
+
     async def _guarded(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if not self._authorized(scope):
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        refused = self._refused(scope, headers)
+        if refused is not None:
+            status, message, kind = refused
+            await _send_json(send, status, error_body(message, status, kind))
+            return
+        if not self._authorized(headers):
             await _send_json(
                 send,
                 401,
@@ -143,8 +216,7 @@ class GuardMiddleware:
                 send, 503, error_body("server is shutting down", 503, "ShuttingDownError"), retry
             )
             return
-        headers = dict(scope["headers"])
-        declared = headers.get(b"content-length")
+        declared = headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.limit:
             await _send_json(
                 send,
@@ -156,7 +228,8 @@ class GuardMiddleware:
                 ),
             )
             return
-        ex = _Exchange(receive, send, self.limit)
+        json_body = "json" in headers.get("content-type", "")
+        ex = _Exchange(receive, send, self.limit, self.state.get("engine"), 2 if json_body else 1)
         self.state["in_flight"] += 1
         try:
             await self.app(scope, ex.receive, ex.send)
@@ -194,6 +267,7 @@ class GuardMiddleware:
                     send, 500, error_body("internal server error", 500, "InternalServerError")
                 )
         finally:
+            ex.release()
             self.state["in_flight"] -= 1
 
 

@@ -3,25 +3,39 @@
 An upload is opened through the trust rules first (GeoTIFF only by default, checked as any
 input), must be georeferenced, and is written under ``<output-dir>/scenes/`` by a name the
 server makes (``scn-<32 hex>.tif``). The store holds at most ``max_scenes`` scenes and
-``max_scenes_mb`` of them; a full store refuses new uploads (503) until scenes expire,
-``scene_ttl_s`` after their last use, or are deleted. A scene's whole-scene prediction, when
-asked for, is written beside it and removed with it.
+``max_scenes_mb`` of them; to make room for an upload it evicts the least recently used scenes
+that are idle (none of its tiles, predictions or downloads under way), and refuses the upload
+(503) only when the scenes in use leave no room. A scene also expires ``scene_ttl_s`` after its
+last use (tiles, predictions, downloads: its metadata read is not a use), unless it is in use.
+A scene's whole-scene prediction, when asked for, is written beside it and removed with it.
+An upload that cannot be written (a full or read-only disk) is refused with 507, nothing of it
+left.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import logging
 import re
 import secrets
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from rasterio.transform import array_bounds
 
-from geoserve.errors import InputError, NotFoundError, PayloadTooLargeError, QueueFullError
+from geoserve.engine.patch_cache import file_identity
+from geoserve.errors import (
+    InputError,
+    NotFoundError,
+    OutputSpaceError,
+    PayloadTooLargeError,
+    QueueFullError,
+)
 from geoserve.raster import tempfiles
 from geoserve.raster.source import NamedBytes, open_raster
 from geoserve.tiles.mercator import MAX_ZOOM, lonlat_bounds, min_zoom
@@ -45,6 +59,12 @@ class Scene:
     bounds: list[float]  # west, south, east, north in degrees
     minzoom: int
     last_used: float = field(default_factory=time.monotonic)
+    users: int = 0  # the requests reading or predicting it now
+
+    @property
+    def stored_bytes(self) -> int:
+        """Its bytes on disk, its prediction's included."""
+        return self.size + _size(self.prediction)
 
     @property
     def prediction(self) -> Path:
@@ -52,10 +72,8 @@ class Scene:
         return self.path.with_name(f"{self.id}_classes.tif")
 
     def source(self) -> TileSource:
-        """The scene as a tile source (its identity: the file's name, size and time)."""
-        stat = self.path.stat()
-        identity = (str(self.path), stat.st_mtime_ns, stat.st_size)
-        return TileSource(self.id, str(self.path), identity, self.prediction)
+        """The scene as a tile source (its identity: :func:`file_identity`)."""
+        return TileSource(self.id, str(self.path), file_identity(str(self.path)), self.prediction)
 
     def describe(self, ttl_s: float) -> dict[str, Any]:
         """What ``POST /v1/scenes`` and ``GET /v1/scenes/{id}`` answer."""
@@ -93,8 +111,13 @@ class SceneStore:
         self.ttl_s = ttl_s
         self.formats = formats
         self._scenes: dict[str, Scene] = {}
+        self._pending: dict[str, int] = {}  # uploads being written: their sizes
         self._lock = threading.Lock()
-        root.mkdir(parents=True, exist_ok=True)
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise _store_error(root, exc) from None
+        tempfiles.sweep(root)  # what a killed earlier server left half-written
         for old in root.glob("scn-*"):  # an earlier server's: their ids are gone
             _unlink(old)
 
@@ -103,7 +126,8 @@ class SceneStore:
 
         Raises:
             PayloadTooLargeError: larger than the whole store may hold.
-            QueueFullError: the store is full (it names when room frees up).
+            QueueFullError: the scenes in use leave no room for it.
+            OutputSpaceError: the store's disk is full or read-only (nothing of it is left).
             InputError, InputFormatError, RasterReadError: not a georeferenced raster allowed.
         """
         if len(data) > self.max_bytes:
@@ -116,50 +140,113 @@ class SceneStore:
             info = src.info
         if not info.is_georeferenced:
             raise InputError(f"{upload.shown}: has no CRS or transform; a map cannot place it")
+        sid = f"scn-{secrets.token_hex(16)}"
+        scene = Scene(
+            sid,
+            self.root / f"{sid}.tif",
+            upload.shown,
+            len(data),
+            info.width,
+            info.height,
+            info.crs.to_string(),
+            lonlat_bounds(info.crs, array_bounds(info.height, info.width, info.transform)),
+            min_zoom(info.crs, info.transform, info.width, info.height),
+        )
         self.expire()
         with self._lock:
-            used = sum(s.size + _size(s.prediction) for s in self._scenes.values())
-            if len(self._scenes) >= self.max_scenes or used + len(data) > self.max_bytes:
-                raise QueueFullError(
-                    f"the scene store is full ({len(self._scenes)} scenes, {used / 1e6:.0f} MB "
-                    f"of {self.max_bytes / 1e6:.0f} MB); delete a scene or retry when one "
-                    f"expires ({self.ttl_s:.0f} s after its last use)"
-                )
-            sid = f"scn-{secrets.token_hex(16)}"
-            path = self.root / f"{sid}.tif"
-            tmp = tempfiles.new_temporary(path)
-            try:
-                tmp.write_bytes(data)
-                tmp.replace(path)
-            finally:
-                tempfiles.release(tmp, remove=not path.exists())
-            scene = Scene(
-                sid,
-                path,
-                upload.shown,
-                len(data),
-                info.width,
-                info.height,
-                info.crs.to_string(),
-                lonlat_bounds(info.crs, array_bounds(info.height, info.width, info.transform)),
-                min_zoom(info.crs, info.transform, info.width, info.height),
-            )
-            self._scenes[sid] = scene
+            evicted = self._make_room(len(data))
+            self._pending[scene.id] = len(data)
+        for old in evicted:
+            logger.info("scene %s evicted (least recently used) for an upload", old.id)
+            _remove(old)
+        try:
+            self._write(scene.path, data)
+        except BaseException:
+            with self._lock:
+                del self._pending[scene.id]
+            raise
+        with self._lock:
+            del self._pending[scene.id]
+            scene.last_used = time.monotonic()
+            self._scenes[scene.id] = scene
         return scene
 
+    def _make_room(self, size: int) -> list[Scene]:
+        """Take the least recently used idle scenes out until ``size`` more bytes fit.
+
+        Called with the lock held; returns the scenes taken out (their files still there).
+
+        Raises:
+            QueueFullError: even without every idle scene it would not fit (none is taken).
+        """
+        count = len(self._scenes) + len(self._pending)
+        used = sum(s.stored_bytes for s in self._scenes.values()) + sum(self._pending.values())
+        idle = sorted((s for s in self._scenes.values() if s.users == 0), key=_last_used)
+        taken: list[Scene] = []
+        while (count >= self.max_scenes or used + size > self.max_bytes) and idle:
+            scene = idle.pop(0)
+            taken.append(scene)
+            count -= 1
+            used -= scene.stored_bytes
+        if count >= self.max_scenes or used + size > self.max_bytes:
+            busy = len(self._scenes) + len(self._pending)
+            raise QueueFullError(
+                f"the scene store is full: {busy} scenes in use or being uploaded hold "
+                f"{used / 1e6:.1f} MB of {self.max_bytes / 1e6:.1f} MB (--max-scenes "
+                f"{self.max_scenes}, --max-scenes-mb); retry when one of their requests ends"
+            )
+        for scene in taken:
+            del self._scenes[scene.id]
+        return taken
+
+    def _write(self, path: Path, data: bytes) -> None:
+        """``data`` written to ``path`` whole or not at all (OutputSpaceError when it cannot)."""
+        tmp = tempfiles.new_temporary(path)
+        done = False
+        try:
+            tmp.write_bytes(data)
+            tmp.replace(path)
+            done = True
+        except OSError as exc:
+            raise _store_error(self.root, exc) from None
+        finally:
+            tempfiles.release(tmp, remove=not done)
+
     def get(self, sid: str) -> Scene:
-        """The scene ``sid``, its expiry pushed back.
+        """The scene ``sid`` (looking at it is no use of it: its expiry stays).
 
         Raises:
             NotFoundError: no such scene (never uploaded, expired or deleted).
         """
         self.expire()
         with self._lock:
-            scene = self._scenes.get(sid) if SCENE_ID.fullmatch(sid) else None
-            if scene is None:
-                raise NotFoundError(f"scene {sid[:40]!r}: not found (it may have expired)")
-            scene.last_used = time.monotonic()
-            return scene
+            return self._find(sid)
+
+    @contextlib.contextmanager
+    def use(self, sid: str) -> Iterator[Scene]:
+        """The scene ``sid``, in use for the block (a tile, prediction or download).
+
+        It is not evicted or expired meanwhile, and its expiry counts from the block's end.
+
+        Raises:
+            NotFoundError: no such scene.
+        """
+        self.expire()
+        with self._lock:
+            scene = self._find(sid)
+            scene.users += 1
+        try:
+            yield scene
+        finally:
+            with self._lock:
+                scene.users -= 1
+                scene.last_used = time.monotonic()
+
+    def _find(self, sid: str) -> Scene:
+        scene = self._scenes.get(sid) if SCENE_ID.fullmatch(sid) else None
+        if scene is None:
+            raise NotFoundError(f"scene {sid[:40]!r}: not found (it may have expired)")
+        return scene
 
     def delete(self, sid: str) -> None:
         """Remove a scene and its prediction (NotFoundError if there is none)."""
@@ -178,14 +265,32 @@ class SceneStore:
         _remove(scene)
 
     def expire(self) -> None:
-        """Remove the scenes unused for ``ttl_s`` seconds."""
+        """Remove the scenes unused for ``ttl_s`` seconds (none in use)."""
         now = time.monotonic()
         with self._lock:
-            old = [s for s in self._scenes.values() if now - s.last_used > self.ttl_s]
+            old = [
+                s for s in self._scenes.values() if s.users == 0 and now - s.last_used > self.ttl_s
+            ]
             for scene in old:
                 del self._scenes[scene.id]
         for scene in old:
             _remove(scene)
+
+
+def _store_error(root: Path, exc: OSError) -> OutputSpaceError:
+    """A failed write in the store, as the client should read it (507: a disk problem)."""
+    if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+        problem = f"the scene store {root} is not writable"
+    elif exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+        problem = f"the scene store {root} has no space left for the upload"
+    else:
+        problem = f"the scene store {root} cannot store the upload"
+    logger.error("%s: %s", problem, exc)
+    return OutputSpaceError(f"{problem} ({exc.strerror or exc})")
+
+
+def _last_used(scene: Scene) -> float:
+    return scene.last_used
 
 
 def _remove(scene: Scene) -> None:

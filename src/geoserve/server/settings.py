@@ -46,11 +46,27 @@ class ServerFields(BaseModel):
     models_dir: Path | None = None
     """Directory of TerraTorch fine-tunes registered at start-up, one NAME/config.yaml and one
     checkpoint beside it per model (see docs/models.md); serve one with --model NAME."""
+    allowed_hosts: list[str] = Field(default_factory=list)
+    """Host names the server answers to (the Host header, a guard against DNS rebinding),
+    besides localhost, 127.0.0.1, ::1 and the --host address (bound to 0.0.0.0 or ::: also
+    any IP address and this machine's own name); '*': any. Others get 400."""
     allowed_url_domains: list[str] = Field(default_factory=list)
     """Host names that ``url`` inputs may fetch from; empty: URL inputs are refused."""
     url_reads: Literal["range", "download"] = "range"
     """'range': read URL inputs in place by HTTP range requests (GDAL /vsicurl/) when the host
     supports them; 'download': always fetch the whole file first."""
+    admission_threads: int | None = Field(None, ge=1)
+    """Threads that open requests' inputs (headers only), in each of two lanes: requests that
+    reach other hosts (URLs, STAC Items), one thread each, and the rest (uploads, local files),
+    which never wait behind a slow host; unset: cores + 4, at most 32."""
+    max_remote_requests: int = Field(256, ge=1)
+    """Most HTTP requests one request's inputs may make to the allowed hosts before its pixels
+    are read (the server's checks of each URL and file of a STAC Item, downloads, GDAL
+    opening each; a GDAL open counts as 2); more gets 413."""
+    max_remote_mb: float | None = Field(None, gt=0)
+    """Most megabytes one request's inputs may fetch from the allowed hosts before its pixels
+    are read (downloads, header checks; a GDAL open counts as 16 KB); unset: --max-body-mb;
+    more gets 413."""
     api_key: str | None = Field(default_factory=lambda: os.environ.get("GEOSERVE_API_KEY"))
     """Key every route but /health/* requires (Bearer, X-API-Key, or as the password of HTTP
     Basic, which the map page's browser asks for); env GEOSERVE_API_KEY."""

@@ -36,8 +36,8 @@ from rasterio.vrt import WarpedVRT
 from rasterio.windows import Window
 
 from geoserve.engine.patch_cache import PatchCache, PatchKeys
-from geoserve.errors import InputError, PayloadTooLargeError, ZoomTooLowError
-from geoserve.raster.source import DatasetSource, RasterArray, open_raster
+from geoserve.errors import InputError, ZoomTooLowError
+from geoserve.raster.source import DatasetSource, RasterWindow, open_raster
 from geoserve.tiles.mercator import (
     MAX_SCENE_PIXELS_PER_TILE_PIXEL,
     TILE,
@@ -158,12 +158,6 @@ class TileService:
                 f"this tile needs {side} pixels of the scene a side (at most {MAX_CUT_SIDE}); "
                 "zoom in"
             )
-        pixels = int(plan.cut.width) * int(plan.cut.height) * g.count
-        limit = self.engine.max_pixels
-        if pixels > limit:
-            raise PayloadTooLargeError(
-                f"this tile needs {pixels} pixel values of the scene, over the limit of {limit}"
-            )
 
     def class_names(self) -> list[str]:
         """The model's class names (none for a model without classes)."""
@@ -183,9 +177,11 @@ class TileService:
         return [tuple(int(v * 255) for v in tab(i % tab.N)[:3]) for i in range(n)]  # type: ignore[misc]
 
     async def _predict(self, source: TileSource, plan: TilePlan, label: str) -> NDArray[Any]:
-        array = await asyncio.to_thread(_read_cut, source, plan, self.formats)
+        # the cut-out is read by the engine like any input: the bands the model uses, a band
+        # of rows at a time, under the server's bounds on pixels and memory
+        cut = RasterWindow(source.path, Window(*plan.cut.flatten()), f"{source.name} tile {label}")
         result = await self.engine.submit(
-            RasterArray(array.data, array.profile, f"{source.name} tile {label}"),
+            cut,
             request_id=f"tile-{uuid.uuid4().hex}",
             out_format="tensor",
             output_kind=["raw"],
@@ -321,25 +317,3 @@ def _geometry(path: str, identity: Hashable, formats: tuple[str, ...]) -> SceneG
     return SceneGeometry(
         identity, info.crs, info.transform, info.width, info.height, zmin, info.count
     )
-
-
-@dataclass
-class _Cut:
-    data: NDArray[Any]
-    profile: dict[str, Any]
-
-
-def _read_cut(source: TileSource, plan: TilePlan, formats: tuple[str, ...]) -> _Cut:
-    """The cut-out of the scene a tile's request runs on, with its grid and metadata."""
-    with _open(source.path, formats) as src:
-        ds = src.dataset
-        window = Window(*plan.cut.flatten())
-        data = ds.read(window=window)
-        profile = {
-            "crs": ds.crs,
-            "transform": ds.window_transform(window),
-            "nodata": ds.nodata,
-            "descriptions": tuple(ds.descriptions),
-            "tags": ds.tags(),
-        }
-    return _Cut(data, profile)

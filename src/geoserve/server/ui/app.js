@@ -10,6 +10,10 @@
 
   function status(text) { $("status").textContent = text; }
 
+  // requests that change state carry this header: no other site's form can send it, and the
+  // server refuses such requests (with the browser's remembered key) without it
+  const PAGE = { "X-Geoserve-Page": "1" };
+
   async function json(response) {
     const body = await response.json().catch(() => ({}));
     if (!response.ok) throw new Error(body.message || response.statusText);
@@ -54,7 +58,7 @@
     const form = new FormData();
     form.append("file", file, file.name);
     try {
-      scene = await json(await fetch("v1/scenes", { method: "POST", body: form }));
+      scene = await json(await fetch("v1/scenes", { method: "POST", body: form, headers: PAGE }));
     } catch (err) { status("Upload failed: " + err.message); return; }
     if (input) map.removeLayer(input);
     input = tiles("input", Math.max(0, scene.minzoom - 2)).addTo(map);
@@ -74,7 +78,7 @@
     $("run").disabled = true;
     status("Running the whole scene…");
     try {
-      const done = await json(await fetch("v1/scenes/" + scene.id + "/predict", { method: "POST" }));
+      const done = await json(await fetch("v1/scenes/" + scene.id + "/predict", { method: "POST", headers: PAGE }));
       scene.predicted = true;
       $("download").href = done.download;
       $("download").download = scene.id + "_classes.tif";
