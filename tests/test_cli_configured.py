@@ -121,6 +121,17 @@ def test_predict_without_weights_says_which_checkpoint(fine_tune, tmp_path, caps
     assert f"the checkpoint of the fine-tune {cfg} describes" in err
 
 
+def test_a_config_yaml_without_model_or_weights_is_named_after_its_directory(
+    fine_tune, tmp_path, capsys
+):
+    cfg, _, _, scene = fine_tune  # (models/burns/config.yaml)
+    argv = ["predict", str(scene), "-o", str(tmp_path / "o.tif"), "--config-file", str(cfg)]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert "model 'burns' needs a weights file (--weights FILE" in err  # not 'config'
+    assert f"the checkpoint of the fine-tune {cfg} describes" in err
+
+
 def test_models_lists_a_registered_fine_tune(fine_tune, capsys):
     cfg, ckpt, _, _ = fine_tune
     assert main(["models", "--json", "--register", f"burn-ft={cfg},{ckpt}"]) == 0

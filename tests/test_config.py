@@ -34,6 +34,7 @@ SAMPLE: dict[str, Any] = {
     "output_kind": ["probabilities", "confidence"],
     "min_area": 2.5,
     "max_polygon_vertices_per_pixel": 2.5,
+    "polygon_format": "geojson",
     "embedding_layer": 3,
     "embedding_dtype": "float16",
     "max_batch_patches": "auto",

@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from geoserve.errors import ConfigError
 from geoserve.models.hub import check_weights_value
 from geoserve.raster.grid import BlendMode
+from geoserve.raster.sinks import DEFAULT_POLYGON_FORMAT, PolygonFormat
 from geoserve.raster.trust import DEFAULT_INPUT_FORMATS, check_formats
 from geoserve.schemas import OutputKind
 
@@ -74,6 +75,11 @@ class EngineConfig(BaseModel):
     """Polygons output: most vertices its polygons may have together, per class-map pixel
     (always at least 50,000); tracing stops and the request fails past it (a Sentinel-2 class
     map has about 0.05, a checkerboard 5; 0 or null: no limit)."""
+    polygon_format: PolygonFormat = DEFAULT_POLYGON_FORMAT
+    """Polygons output: the vector format of files the engine names (-o DIR/, several kinds,
+    the server's path outputs) and of bytes and base64 answers: gpkg (GeoPackage 1.2, which
+    GDAL and QGIS 3 open), geojson, or parquet (GeoParquet, which GDAL reads only from 3.8
+    built with Arrow); a file name's own vector suffix wins."""
     embedding_layer: int = -1
     """Embeddings outputs: the encoder block whose tokens are written (0-based; -1: the last)."""
     embedding_dtype: Literal["float32", "float16"] = "float32"

@@ -120,13 +120,13 @@ def test_several_output_kinds_per_scene_and_a_rerun_skips_them(ray_cluster, scen
     assert [r.ok for r in summary.results] == [True, True]
     names = sorted(p.name for p in out_dir.iterdir() if not p.name.endswith(".aux.xml"))
     assert names == sorted(
-        f"s{i}_{k}{'.parquet' if k == 'polygons' else '.tif'}" for i in range(2) for k in kinds
+        f"s{i}_{k}{'.gpkg' if k == 'polygons' else '.tif'}" for i in range(2) for k in kinds
     )
     with rasterio.open(out_dir / "s0_confidence.tif") as dst:
         assert (dst.count, dst.dtypes[0]) == (1, "float32")
     again = run_test_seg([str(p) for p in scenes[:2]], out_dir, output_kind=kinds)
     assert all(r.skipped for r in again.results)
-    (out_dir / "s1_polygons.parquet").unlink()  # one kind missing: that scene runs again
+    (out_dir / "s1_polygons.gpkg").unlink()  # one kind missing: that scene runs again
     third = run_test_seg([str(p) for p in scenes[:2]], out_dir, output_kind=kinds)
     assert [r.skipped for r in third.results] == [True, False]
-    assert (out_dir / "s1_polygons.parquet").is_file()
+    assert (out_dir / "s1_polygons.gpkg").is_file()

@@ -100,7 +100,8 @@ def _pixel_area(path: Path) -> float:
 
 def test_polygons_cover_each_class_exactly(scene, tmp_path):
     (tmp_path / "out").mkdir()
-    with Engine("test-seg", output_kind=["classes", "polygons"]) as engine:
+    kinds = ["classes", "polygons"]
+    with Engine("test-seg", output_kind=kinds, polygon_format="parquet") as engine:
         result = engine.generate_image(scene, output_path=tmp_path / "out" / "scene")
     poly = result.outputs_by_kind["polygons"]
     assert poly.path == tmp_path / "out" / "scene_polygons.parquet"
@@ -175,7 +176,8 @@ def test_min_area_drops_small_polygons(scene, tmp_path):
 
 def test_bytes_and_base64_outputs_of_several_kinds(scene, tmp_path):
     (tmp_path / "d").mkdir()
-    with Engine("test-seg", output_kind=["confidence", "polygons"]) as engine:
+    kinds = ["confidence", "polygons"]
+    with Engine("test-seg", output_kind=kinds, polygon_format="parquet") as engine:
         on_disk = engine.generate_image(scene, output_path=tmp_path / "d" / "s")
         in_memory = engine.generate_image(scene, out_format="bytes")
         tensors = engine.add_request(scene, out_format="tensor")
@@ -200,15 +202,15 @@ def test_a_list_of_inputs_names_each_kind_after_its_input(make_geotiff, tmp_path
     assert names == [
         "north_classes.tif",
         "north_classes.tif.aux.xml",  # (its class names, for GIS tools)
-        "north_polygons.parquet",
+        "north_polygons.gpkg",
         "south_classes.tif",
         "south_classes.tif.aux.xml",
-        "south_polygons.parquet",
+        "south_polygons.gpkg",
     ]
     assert all(r.ok for r in results)
     with Engine("test-seg", output_kind="polygons") as engine:  # one kind: today's names
         (one,) = engine.generate_image([a], output_path=tmp_path / "one")
-    assert one.outputs.path == tmp_path / "one" / "north_pred.parquet"
+    assert one.outputs.path == tmp_path / "one" / "north_pred.gpkg"
 
 
 def test_kinds_a_model_cannot_produce_are_refused_naming_what_it_offers(scene, tmp_path):
@@ -228,12 +230,12 @@ def test_kinds_a_model_cannot_produce_are_refused_naming_what_it_offers(scene, t
 def test_a_failed_kind_leaves_no_output_of_any_kind(scene, tmp_path):
     out = tmp_path / "out"
     out.mkdir()
-    (out / "scene_polygons.parquet").mkdir()  # the polygons' name is taken by a directory
+    (out / "scene_polygons.gpkg").mkdir()  # the polygons' name is taken by a directory
     with Engine("test-seg", output_kind=["classes", "confidence", "polygons"]) as engine:
         (result,) = engine.generate_image([scene], output_path=out)
     assert result.error is not None
-    assert "scene_polygons.parquet" in str(result.error)
-    assert sorted(p.name for p in out.iterdir()) == ["scene_polygons.parquet"]
+    assert "scene_polygons.gpkg" in str(result.error)
+    assert sorted(p.name for p in out.iterdir()) == ["scene_polygons.gpkg"]
 
 
 def test_transform_and_warm_up_work_with_a_vector_kind(scene):
@@ -283,19 +285,19 @@ def test_a_failed_kind_puts_back_the_files_it_would_have_replaced(scene, tmp_pat
     out = tmp_path / "out"
     out.mkdir()
     (out / "st_classes.tif").write_bytes(b"an earlier run's map")
-    (out / "st_polygons.parquet").mkdir()  # this kind cannot be written
+    (out / "st_polygons.gpkg").mkdir()  # this kind cannot be written
     engine = Engine("test-seg", output_kind=["classes", "polygons"])
-    with engine, pytest.raises(OutputWriteError, match="st_polygons.parquet"):
+    with engine, pytest.raises(OutputWriteError, match="st_polygons.gpkg"):
         engine.generate_image(scene, output_path=out / "st")
     assert (out / "st_classes.tif").read_bytes() == b"an earlier run's map"
-    assert sorted(p.name for p in out.iterdir()) == ["st_classes.tif", "st_polygons.parquet"]
+    assert sorted(p.name for p in out.iterdir()) == ["st_classes.tif", "st_polygons.gpkg"]
 
 
 def test_output_suffixes_choose_the_polygons_format_and_raster_names_are_checked(scene, tmp_path):
     with Engine("test-seg", output_kind=["classes", "polygons"]) as engine:
-        result = engine.generate_image(scene, output_path=tmp_path / "regions.gpkg")
-    assert result.outputs_by_kind["polygons"].path == tmp_path / "regions_polygons.gpkg"
-    assert result.outputs_by_kind["polygons"].dtype == "gpkg"
+        result = engine.generate_image(scene, output_path=tmp_path / "regions.geojson")
+    assert result.outputs_by_kind["polygons"].path == tmp_path / "regions_polygons.geojson"
+    assert result.outputs_by_kind["polygons"].dtype == "geojson"
     assert result.outputs_by_kind["classes"].path == tmp_path / "regions_classes.tif"
     engine = Engine("test-seg", output_kind="confidence")
     with engine, pytest.raises(ConfigError, match=r"x\.parquet: confidence is a GeoTIFF"):
@@ -340,14 +342,28 @@ def test_a_checkerboard_fails_alone_at_the_vertex_bound_before_it_is_all_traced(
     assert good.outputs_by_kind["polygons"].count == 2
     assert type(bad.error).__name__ == "OutputTooComplexError", bad.error
     message = str(bad.error)
-    assert "checker_polygons.parquet: polygons output too complex" in message
+    assert "checker_polygons.gpkg: polygons output too complex" in message
     assert "over the bound of 50,000 for a 160x160 class map" in message
     assert "--max-polygon-vertices-per-pixel" in message
     assert "--min-area" in message
     traced = int(re.search(r"([\d,]+) vertices traced", message)[1].replace(",", ""))
     assert 50_000 < traced < 4 * n * n  # the first region only, not the map's 5 per pixel
     out = sorted(p.name for p in (tmp_path / "out").iterdir())
-    assert out == ["small_classes.tif", "small_classes.tif.aux.xml", "small_polygons.parquet"]
+    assert out == ["small_classes.tif", "small_classes.tif.aux.xml", "small_polygons.gpkg"]
+
+
+def test_one_region_too_large_to_repair_fails_before_it_is_repaired(tmp_path):
+    """A 240 x 240 checkerboard in a 720 x 720 map: two regions of about 144,000 vertices,
+    under the map's bound of 518,400, but each touches itself and its repair (which cannot be
+    interrupted) would take half a minute: the request fails at the first, naming its size."""
+    data = np.full((2, 720, 720), 1000, dtype="uint16")
+    data[:, :240, :240] = checkerboard(240)
+    path = write_geotiff(tmp_path / "board.tif", data, descriptions=["B3", "B8"])
+    engine = Engine("ndwi-water", output_kind="polygons")
+    with engine, pytest.raises(GeoServeError, match=r"vertices needs repair .* over the 100,000"):
+        engine.generate_image(path, output_path=tmp_path / "out.gpkg")
+    assert not list(tmp_path.glob("out*"))
+    assert not list(tmp_path.glob(".*"))
 
 
 def test_the_vertex_bound_counts_the_polygons_kept_and_can_be_switched_off(tmp_path):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -44,19 +45,21 @@ def workdir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def default_server(workdir) -> Iterator[tuple[str, str]]:
+def default_server(workdir, tmp_path_factory) -> Iterator[tuple[str, str]]:
     with (
         serve_ranges(workdir) as (files, _),
         running_server(
             model=DEFAULT_MODEL,
             allowed_url_domains=["127.0.0.1"],
-            output_dir=workdir / "outputs",  # for the map scenes' examples
+            output_dir=tmp_path_factory.mktemp("outputs"),  # for the map scenes' examples
         ) as url,
     ):
         yield url, files
 
 
-def run(script: str, cwd: Path, url: str, files: str) -> subprocess.CompletedProcess[str]:
+def run(
+    script: str, cwd: Path, url: str, files: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     script = script.replace("localhost:8000", url.removeprefix("http://"))
     script = script.replace("https://example.org/scene.tif", f"{files}/{SCENE}")
     return subprocess.run(
@@ -65,6 +68,7 @@ def run(script: str, cwd: Path, url: str, files: str) -> subprocess.CompletedPro
         capture_output=True,
         text=True,
         timeout=300,
+        env={**os.environ, **(env or {})},
     )
 
 
@@ -76,25 +80,36 @@ def test_serving_md_serves_the_default_model():
     assert f"| `--model NAME` | `{DEFAULT_MODEL}` |" in (ROOT / "docs/serving.md").read_text()
 
 
-def test_serving_md_commands_work_on_the_bundled_scene(workdir, default_server):
+def test_serving_md_commands_work_on_the_bundled_scene(workdir, default_server, tmp_path):
+    """The blocks in order, as one shell session started at the repository root: they write
+    to a scratch folder, leave the repository as it was and print no base64 to the terminal."""
     url, files = default_server
-    blocks = [b for b in bash_blocks("docs/serving.md") if "curl" in b or "cp data/" in b]
+    blocks = [b for b in bash_blocks("docs/serving.md") if "curl" in b or "cp " in b]
     # (the multi-date example needs a multi-date model and dated files: tests/server/test_dates.py;
     # the multimodal one its own server: below)
     blocks = [b for b in blocks if "-F dates=" not in b and "-F s2=" not in b]
     assert len(blocks) >= 4, "docs/serving.md lost its examples"
-    for block in blocks:
-        res = run(block, workdir, url, files)
-        assert res.returncode == 0, f"{block}\n{res.stderr}"
-        if "/pooling" in block:
-            assert '"data_format":"b64_json"' in res.stdout
-    with rasterio.open(workdir / "water.tif") as dst:
+    assert "mktemp -d" in blocks[0], "the examples' first block makes their scratch folder"
+    before = sorted(p.name for p in workdir.iterdir())
+    script = "\n".join(blocks) + '\necho "scratch: $PWD"\n'
+    res = run(script, workdir, url, files, env={"TMPDIR": str(tmp_path)})
+    assert res.returncode == 0, f"{script}\n{res.stderr}"
+    assert sorted(p.name for p in workdir.iterdir()) == before  # nothing left in the repository
+    lines = res.stdout.splitlines()
+    scratch = Path(lines[-1].removeprefix("scratch: "))
+    assert scratch.parent == tmp_path
+    assert max(map(len, lines)) < 10_000, "an answer's base64 went to the terminal"
+    assert any('"data_format":"b64_json"' in line for line in lines)  # the /pooling answer
+    with rasterio.open(scratch / "water.tif") as dst:
         assert dst.tags()["CLASS_NAMES"] == "not water,water"
         assert dst.colormap(1)[1][:3] == (31, 120, 220)
-    assert (workdir / "tile.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # the map tile
-    with rasterio.open(workdir / "probabilities.tif") as dst:
+    assert (scratch / "tile.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # the map tile
+    with rasterio.open(scratch / "probabilities.tif") as dst:
         assert dst.descriptions == ("not water", "water")
         assert (dst.width, dst.height, dst.dtypes[0]) == (256, 256, "float32")
+    answer = json.loads((scratch / "probabilities.json").read_text())  # the multipart b64 one
+    with rasterio.MemoryFile(base64.b64decode(answer["data"])) as mem, mem.open() as dst:
+        assert dst.count == 2
 
 
 def test_readme_upload_fails_loudly(workdir, default_server, tmp_path):

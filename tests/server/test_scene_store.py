@@ -146,3 +146,23 @@ def test_a_full_scene_store_answers_507_and_keeps_nothing(tmp_path):
     assert "Traceback" not in refused.text
     assert left == []  # nothing half-written
     assert ok.status_code == 201, ok.text  # the server keeps serving
+
+
+def test_an_upload_the_model_cannot_read_is_refused_naming_the_file_and_bands(tmp_path):
+    """What every prediction tile would answer, the upload answers at once (and keeps nothing)."""
+    from tests.conftest import HLS, LAKE, RGB
+
+    out = tmp_path / "out"
+    # one patch a request at most: the lake (many patches) cannot run whole, but tiles cut it
+    with running_server(model="demo-water", output_dir=out, max_patches=1, warmup=False) as url:
+        post = lambda path: httpx.post(  # noqa: E731
+            f"{url}/v1/scenes", files={"file": (path.name, path.read_bytes())}, timeout=60
+        )
+        rgb, hls, lake = post(RGB), post(HLS), post(LAKE)
+    for answer, name, count, band in ((rgb, RGB.name, 3, 3), (hls, HLS.name, 10, 11)):
+        assert answer.status_code == 400, answer.text
+        message = answer.json()["message"]
+        assert message.startswith(f"upload '{name}' has {count} bands; band index {band} "), message
+        assert "model 'demo-water' reads bands 1, 2, 3, 8, 11, 12" in message
+    assert lake.status_code == 201, lake.text
+    assert sorted(p.name for p in (out / "scenes").iterdir()) == [f"{lake.json()['id']}.tif"]

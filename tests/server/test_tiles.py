@@ -386,3 +386,80 @@ def test_a_url_without_etag_or_last_modified_is_predicted_anew_every_time(tmp_pa
     assert hits == 0  # no patch of the URL was reused
     assert (codes(rgba(before.content)) != codes(rgba(after.content))).mean() > 0.05
     assert after.content == want.content
+
+
+def test_hidden_classes_are_drawn_transparent_and_a_model_can_declare_them(register_model):
+    import dataclasses
+
+    from geoserve.plugins import load_plugins
+    from geoserve.processors.reassemblers import SegmentationReassembler
+    from geoserve.registry import MODEL_REGISTRY
+    from tests.conftest import processors_of
+
+    load_plugins()  # (the built-in models: demo-water's processors)
+
+    @dataclasses.dataclass(frozen=True)
+    class WaterHidden(SegmentationReassembler):  # a model's own declaration
+        transparent_classes: tuple[str, ...] = ("water",)
+
+    in_proc, out_proc = processors_of("demo-water")
+    declared = WaterHidden(classes=out_proc.classes, colors=out_proc.colors)
+    factory = MODEL_REGISTRY.get("demo-water").factory
+    named = register_model("demo-water-water-hidden", lambda: factory(), in_proc, declared)
+    z = lake_zoom() + 1
+    x, y = tile_of(*lake_centre(), z)
+    tile, source = f"/v1/tiles/{z}/{x}/{y}.png", {"source": str(LAKE)}
+    with running_server(model="demo-water", allowed_input_dirs=[LAKE.parent], ui=True) as url:
+        get = lambda **kw: httpx.get(f"{url}{tile}", params={**source, **kw}, timeout=120)  # noqa: E731
+        every, land_hidden = codes(rgba(get().content)), rgba(get(hide="0").content)
+        bad = [get(hide=h) for h in ("2", "x", "-1")]
+        binary = httpx.get(f"{url}/ui/config.json").json()
+    with running_server(model=named, allowed_input_dirs=[LAKE.parent], ui=True) as url:
+        own = httpx.get(f"{url}/ui/config.json").json()
+    assert (every == 0).any()  # the tile has land
+    assert (every == 1).any()  # and water
+    assert (land_hidden[3][every == 0] == 0).all()  # land: transparent
+    assert (land_hidden[3][every == 1] == 255).all()  # water: drawn, in its colour
+    assert (land_hidden[:3, every == 1] == np.array(WATER)[:, None]).all()
+    for answer in bad:
+        assert answer.status_code == 400, answer.text
+        assert "is not a class code of this model (0 to 1)" in answer.json()["message"]
+    assert binary["transparent"] == [0]  # a two-class map: its background, by default
+    assert own["transparent"] == [1]  # what the model declares
+    assert binary["confidence_range"] == [0.5, 1.0]
+    assert len(binary["ramp"]) > 2
+    assert all(re.fullmatch(r"#[0-9a-f]{6}", c) for c in binary["ramp"])
+
+
+def test_a_url_without_range_requests_is_refused_for_tiles_without_downloading_it(tmp_path):
+    """A host that does not answer range requests would have to be downloaded whole for each
+    tile: refused on its HEAD (400), nothing fetched."""
+    import http.server
+    import threading
+
+    got: list[str] = []
+
+    class Plain(http.server.SimpleHTTPRequestHandler):  # no Accept-Ranges, no Range
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            super().__init__(*args, directory=str(LAKE.parent), **kwargs)  # type: ignore[arg-type]
+
+        def send_head(self) -> object:
+            got.append(self.command)
+            return super().send_head()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    host = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Plain)
+    threading.Thread(target=host.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{host.server_address[1]}/{LAKE.name}"
+    z = lake_zoom()
+    x, y = tile_of(*lake_centre(), z)
+    try:
+        with running_server(model="demo-water", allowed_url_domains=["127.0.0.1"]) as base:
+            resp = httpx.get(f"{base}/v1/tiles/{z}/{x}/{y}.png", params={"source": url})
+    finally:
+        host.shutdown()
+    assert resp.status_code == 400, resp.text
+    assert "range requests" in resp.json()["message"]
+    assert got == ["HEAD"]  # the file itself was never fetched

@@ -78,3 +78,18 @@ def test_a_json_body_alone_over_the_bound_is_413(tmp_path):
         )
     assert resp.status_code == 413, resp.text
     assert "--max-memory-mb" in resp.json()["message"]
+
+
+def test_an_upload_that_fits_alone_is_admitted_on_an_idle_server(tmp_path):
+    """The body's hold is replaced by the request's own estimate (which counts the upload):
+    a 32 MB upload estimated under the bound is not refused for its own body."""
+    scene = write_geotiff(
+        tmp_path / "plain.tif", np.ones((3, 2300, 2300), np.uint16), compress=None
+    ).read_bytes()
+    assert len(scene) > 30 * MB
+    with running_server(
+        model="test-seg", max_memory_mb=72, max_body_mb=100, max_queued_patches=50_000
+    ) as url:
+        for _ in range(2):  # and its memory is given back
+            resp = httpx.post(f"{url}/v1/images", files={"file": ("a.tif", scene)}, timeout=120)
+            assert resp.status_code == 200, resp.text

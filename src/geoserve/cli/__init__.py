@@ -39,6 +39,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         logging.getLogger("geoserve.plugins").setLevel(logging.DEBUG)  # a plugin's traceback
     else:
         warnings.formatwarning = _format_warning
+    from rasterio.errors import NotGeoreferencedWarning
+
+    # rasterio's own no-georeferencing warning: geoserve says it once per input, in its words
+    # (the filters around single opens are not thread-safe across writer and commit threads)
+    warnings.filterwarnings("ignore", category=NotGeoreferencedWarning)
     try:
         if args.command == "models":
             from geoserve.cli.inspect import cmd_models

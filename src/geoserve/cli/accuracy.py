@@ -20,7 +20,7 @@ def cmd_bench_accuracy(args: argparse.Namespace) -> int:
 
     from_file = read_options(args.config, known_keys(EngineConfig))
     config = engine_config(args, from_file)
-    args.ray = None
+    args.ray = False
     model = model_of(args, from_file.get("model"))
     if not args.json:
         print(f"running {model} on {args.input} twice (float32, then the candidate)…", flush=True)

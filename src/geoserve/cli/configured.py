@@ -18,6 +18,7 @@ from pathlib import Path
 
 from geoserve.errors import ConfigError
 from geoserve.models.configured import (
+    CONFIG_NAMES,
     Configured,
     models_in_dir,
     parse_registration,
@@ -38,7 +39,8 @@ def add_configured_flags(
             metavar="FINETUNE.yaml",
             help="run the fine-tune this TerraTorch config describes (SMPModelFactory, or "
             "EncoderDecoderFactory with a timm backbone), its checkpoint given by --weights; "
-            "named --model NAME, else after the file",
+            "named --model NAME, else after the file (burns.yaml: burns; burns/config.yaml: "
+            "burns, as --models-dir names it)",
         )
     group.add_argument(
         "--register",
@@ -109,6 +111,12 @@ def chosen_model(given: str | None, registered: list[str], default: str) -> str:
 
 
 def _name_of(config_file: str) -> str:
-    """A model name from a config file's name: ``burn_scars.yaml`` -> ``burn_scars``."""
-    stem = re.sub(r"[^A-Za-z0-9._-]+", "-", Path(config_file).stem).strip("-.") or "fine-tune"
+    """A model name from a config file's name: ``burn_scars.yaml`` -> ``burn_scars``.
+
+    A file named as a models directory names it (``burns/config.yaml`` -> ``burns``, as
+    ``--models-dir`` would), not ``config``.
+    """
+    path = Path(config_file).absolute()
+    name = path.parent.name if path.name.lower() in CONFIG_NAMES else path.stem
+    stem = re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-.") or "fine-tune"
     return stem[:64]

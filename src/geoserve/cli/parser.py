@@ -9,6 +9,7 @@ from :class:`~geoserve.config.EngineConfig` (and ``serve``'s from
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from geoserve.cli.configured import add_configured_flags
 from geoserve.cli.multimodal import modality_input
@@ -72,6 +73,30 @@ def _modality_flag(parser: argparse.ArgumentParser, what: str) -> None:
     )
 
 
+class _RayAddress(argparse.Action):
+    """``--ray-address ADDRESS``: the cluster to join, and so ``--ray`` too."""
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option: Any = None) -> None:
+        namespace.ray, namespace.ray_address = True, values
+
+
+def _ray_flags(group: Any, what: str) -> None:
+    """``--ray`` and ``--ray-address ADDRESS``, declared once for ``predict`` and ``serve``.
+
+    ``--ray`` is a switch: it never takes the next word (an input pattern, say) for a value.
+    """
+    group.add_argument(
+        "--ray", action="store_true", help=f"{what}; a local cluster unless --ray-address"
+    )
+    group.add_argument(
+        "--ray-address",
+        action=_RayAddress,
+        metavar="ADDRESS",
+        help="the Ray cluster to join: 'auto' (one running here), ray://HOST:10001 or "
+        "HOST:6379; implies --ray (default: start a local one)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (exposed for docs and tests)."""
     parser = argparse.ArgumentParser(
@@ -108,14 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
         "named (s2=2020-06-01,s1=2020-06-03); they win over date tags and file-name stamps",
     )
     ray = p.add_argument_group("Ray (needs geoserve[ray]; see docs/scaling.md)")
-    ray.add_argument(
-        "--ray",
-        nargs="?",
-        const="local",
-        metavar="ADDRESS",
-        help="run the scenes on a Ray cluster (ADDRESS, or 'auto'; a local one when omitted); "
-        "-o is a directory",
-    )
+    _ray_flags(ray, "run the scenes on a Ray cluster (-o is a directory)")
     ray.add_argument(
         "--ray-actors",
         type=_positive,
@@ -154,13 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_model_flags(server, ServerFields)
     ray = s.add_argument_group("Ray Serve (needs geoserve[ray]; see docs/scaling.md)")
-    ray.add_argument(
-        "--ray",
-        nargs="?",
-        const="local",
-        metavar="ADDRESS",
-        help="serve replicas on Ray Serve (ADDRESS or 'auto'; a local cluster when omitted)",
-    )
+    _ray_flags(ray, "serve replicas on Ray Serve")
     ray.add_argument(
         "--replicas",
         type=_positive,

@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 import traceback
+import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ from geoserve.cli.multimodal import dates_of, reference_of, request_of, sources_
 from geoserve.cli.options import engine_config, known_keys, read_options
 from geoserve.cli.parser import DEFAULT_MODEL
 from geoserve.config import EngineConfig
-from geoserve.errors import ConfigError, GeoServeError, InputError
+from geoserve.errors import ConfigError, GeoServeError, InputError, NotGeoreferencedWarning
 from geoserve.progress import Progress
 from geoserve.schemas import ImageRequestOutput
 
@@ -41,14 +42,11 @@ def _predict_on_ray(args: argparse.Namespace, config: EngineConfig) -> int:
         elif not args.quiet:
             print(f"wrote {result.output} ({result.patches} patches, {result.seconds:.2f} s)")
 
-    inputs, address = list(args.inputs), None if args.ray == "local" else args.ray
-    if address is not None and Path(address).exists():  # `--ray IN ...`: no address given
-        inputs, address = [address, *inputs], None
     summary = run_batch(
-        inputs,
+        list(args.inputs),
         args.output,
         model=args.model,
-        address=address,
+        address=args.ray_address,
         actors=args.ray_actors,
         cpus_per_actor=args.cpus_per_actor,
         gpus_per_actor=args.gpus_per_actor,
@@ -169,7 +167,9 @@ def _unreadable_inputs(
         if "://" in name or is_stac_input(name):
             continue  # a URL or a STAC Item is read, and reported, by its own request
         try:
-            open_raster(name, "path", formats=formats).close()
+            with warnings.catch_warnings():  # (its own request warns of it, once)
+                warnings.simplefilter("ignore", NotGeoreferencedWarning)
+                open_raster(name, "path", formats=formats).close()
         except GeoServeError as exc:
             where = f"modality {modality!r}: " if modality is not None else ""
             print(f"geoserve: error: {where}{exc}", file=sys.stderr)
@@ -223,15 +223,17 @@ def _predict_all(
     dates = [args.dates] if one else args.dates or [None] * len(items)
     on = f" on {reference_of(engine.in_proc, list(request)).label()}" if request else ""
     kinds = [getattr(p, "kind", "raw") for p in engine.out_procs]
+    fmt = engine.config.polygon_format
     if str(args.output).endswith(("/", os.sep)):  # a directory, created if missing
         _make_dir(out)
     if len(items) == 1:
         # named after the first input (the first modality's): output_paths' rule; with
         # several kinds a path that is no directory is the stem of their files
-        paths: list[Path | None] = [output_paths(items, out, kinds)[0] if out.is_dir() else out]
+        first = output_paths(items, out, kinds, fmt)[0] if out.is_dir() else out
+        paths: list[Path | None] = [first]
     else:
         _make_dir(out)
-        paths = list(output_paths(items, out, kinds))
+        paths = list(output_paths(items, out, kinds, fmt))
     t0 = time.perf_counter()
     for item, path, when in zip(items, paths, dates, strict=False):
         if isinstance(item, list | dict) or item not in skip:

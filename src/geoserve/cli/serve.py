@@ -39,9 +39,19 @@ def server_settings(args: argparse.Namespace) -> ServerSettings:
         fields = ServerFields.model_validate({**server_file, **given(args, ServerFields)})
     except ValidationError as exc:
         raise flag_error(exc, ServerFields) from None
-    for directory in [*fields.allowed_input_dirs, engine.output_dir]:
-        if directory is not None and not directory.is_dir():
-            raise ConfigError(f"{directory}: not a directory")
+    for directory in fields.allowed_input_dirs:
+        if not directory.is_dir():
+            why = "not a directory" if directory.exists() else "does not exist"
+            raise ConfigError(f"allowed_input_dirs: {directory}: {why}")
+    out = engine.output_dir
+    if out is not None and out.exists() and not out.is_dir():
+        raise ConfigError(f"output_dir: {out}: not a directory")
+    if out is not None:  # created if missing, as predict does
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            why = exc.strerror or str(exc)
+            raise ConfigError(f"output_dir: {out}: cannot create the directory ({why})") from None
     named = getattr(args, "model", None) or from_file.get("model")
     planned = planned_models(args, models_dir=fields.models_dir, model=named)
     model = chosen_model(named, [m.name for m in planned], DEFAULT_MODEL)
@@ -73,7 +83,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
         serve_on_ray(
             settings,
-            address=None if args.ray == "local" else args.ray,
+            address=args.ray_address,
             replicas=args.replicas,
             gpus_per_replica=args.gpus_per_replica,
         )

@@ -185,11 +185,12 @@ def run_batch(
     kinds = config.output_kind or [default_kind]
     t0 = time.perf_counter()
     paths = expand_inputs(inputs)
-    outputs = [str(p) for p in output_paths(paths, out_dir, kinds)]  # stems for several kinds
+    fmt = config.polygon_format
+    outputs = [str(p) for p in output_paths(paths, out_dir, kinds, fmt)]  # stems for several kinds
     summary = BatchSummary()
     todo = []
     for path, out in zip(paths, outputs, strict=True):
-        if all(p.is_file() for p in product_paths(Path(out), kinds)):
+        if all(p.is_file() for p in product_paths(Path(out), kinds, polygon_format=fmt)):
             summary.results.append(SceneResult(path, out, True, skipped=True))
         else:
             todo.append({"path": path, "output": out})

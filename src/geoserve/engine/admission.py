@@ -220,7 +220,8 @@ class Admission:
             if out_format == "path":
                 named = output_path is not None
                 base = output_path or self.output_dir / f"{request_id}.tif"
-                paths = list(product_paths(base, kinds, named=named))
+                fmt = self.config.polygon_format
+                paths = list(product_paths(base, kinds, named=named, polygon_format=fmt))
             for out_proc, path in zip(procs, paths, strict=True):
                 sinks.append(product_sink(self.spec, self.config, out_proc, out_format, path, ctx))
         except BaseException as exc:

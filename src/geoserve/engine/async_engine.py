@@ -143,6 +143,7 @@ class AsyncEngine:
         dates: DateLike | Sequence[DateLike] | None = None,
         patch_keys: PatchKeys | None = None,
         budget: OpenBudget | None = None,
+        held: str | None = None,
     ) -> ImageRequestOutput:
         """Run one request and return its output (a failure in the engine is in ``.error``).
 
@@ -159,7 +160,8 @@ class AsyncEngine:
         The one deadline covers opening the inputs too (in the engine's admission threads);
         ``budget`` is the request's :class:`~geoserve.raster.budget.OpenBudget` (remote
         requests and bytes, as the server counted them so far), else one is made here; its
-        ``max_pixels`` is this engine's unless set.
+        ``max_pixels`` is this engine's unless set. ``held``: the key under which the server
+        holds this request's body (:meth:`hold`); once admitted, its own estimate replaces it.
         """
         start = time.monotonic()
         if deadline is not None:
@@ -202,7 +204,7 @@ class AsyncEngine:
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Any] = loop.create_future()
         try:
-            self._reserve(req)
+            self._reserve(req, held)
         except BaseException:
             req.close()
             raise
@@ -217,7 +219,12 @@ class AsyncEngine:
             self.abort(request_id)
             raise
 
-    def _reserve(self, req: Request) -> None:
+    def _reserve(self, req: Request, held_key: str | None = None) -> None:
+        """Admit ``req`` against the bounds.
+
+        ``held_key``: what :meth:`hold` counted for it (its body), which its own estimate
+        (with its upload) replaces once it is admitted.
+        """
         info = req.sources[0].info
         pixels = req.input_pixels
         if pixels > self.max_pixels:
@@ -243,7 +250,7 @@ class AsyncEngine:
                     f"queue full: {queued} patches pending, this request needs {n}, "
                     f"limit {self.max_queued_patches}; retry later"
                 )
-            held = sum(self._memory.values())
+            held = sum(self._memory.values()) - self._memory.get(held_key or "", 0)
             if held + need > self.max_memory:
                 raise QueueFullError(
                     f"server busy: admitted requests hold about {held // mb} MB, this one "
@@ -251,6 +258,7 @@ class AsyncEngine:
                 )
             self._reserved[req.request_id] = n
             self._memory[req.request_id] = need
+            self._memory.pop(held_key or "", None)
 
     def hold(self, key: str, nbytes: int, what: str, *, force: bool = False) -> None:
         """Count memory the server holds outside the engine (a body, an answer) as admitted.

@@ -143,9 +143,11 @@ class Engine(Admission):
             grid = PatchGrid(size, size, size, self.in_proc.stride, blend)
             check_token_tiling(grid, self.spec.token_size)
         self.compiled = cfg.compile
-        if cfg.compile:
+        eager = self.model
+        if cfg.compile:  # static shapes: batches are padded to one size (runner.start_up)
             self.model = cast(
-                torch.nn.Module, torch.compile(self.model, backend=cfg.compile_backend)
+                torch.nn.Module,
+                torch.compile(self.model, backend=cfg.compile_backend, dynamic=False),
             )
         self.runner = ModelRunner(
             self.model,
@@ -156,6 +158,7 @@ class Engine(Admission):
             max_batch_patches=1 if auto_batch else cast(int, cfg.max_batch_patches),
             embedding_layer=cfg.embedding_layer,
             token_size=self.spec.token_size,
+            eager=eager,
         )
         preprocess = cfg.preprocess
         if preprocess == "auto":
@@ -173,9 +176,7 @@ class Engine(Admission):
         self.output = OutputStage(fail=self.scheduler.fail)
         if cfg.warmup or auto_batch:
             probe = self._dummy_patch()
-            fits = self.runner.warm_up(probe, self.in_proc, self.out_proc)
-            if auto_batch:  # (a dummy the model refused tells nothing: the CPU default)
-                self.max_batch_patches = self.runner.auto_batch(probe if fits else None)
+            self.runner.start_up(probe, self.in_proc, self.out_proc, auto_batch=auto_batch)
 
     # -- set-up ------------------------------------------------------------------------------
 
@@ -342,7 +343,8 @@ class Engine(Admission):
         writes one file per kind: a single input's ``output_path`` is their stem
         (``out/scene`` gives ``out/scene_classes.tif``, ``out/scene_confidence.tif``) unless
         it is a directory (or ends with ``/``, created if missing), which like a list's holds
-        ``<input stem>_<kind>.tif`` (vector kinds: ``.parquet``); every kind's output is in
+        ``<input stem>_<kind>.tif`` (polygons: ``.gpkg``, or ``polygon_format``'s suffix; patch
+        embeddings: ``.parquet``); every kind's output is in
         the result's ``outputs_by_kind`` (docs/outputs.md).
 
         A dict is one request of several modalities, each on its own grid:
@@ -391,7 +393,7 @@ class Engine(Admission):
         if single and not (len(kinds) > 1 and directory):
             return [Path(output_path)]
         # a list, or several kinds of one input into a directory: named after each input
-        return list(output_paths(items, output_path, kinds))
+        return list(output_paths(items, output_path, kinds, self.config.polygon_format))
 
     def transform(self, tensors: Sequence[torch.Tensor]) -> list[TensorRequestOutput]:
         """Run already-normalised tensors through the model, batched like image requests.

@@ -24,7 +24,7 @@ from geoserve.processors.embeddings import EmbeddingReassembler, token_profile
 from geoserve.raster import tempfiles
 from geoserve.raster.patch_embeddings import PatchEmbeddingSink
 from geoserve.raster.polygons import PolygonSink, vertex_budget
-from geoserve.raster.sinks import POLYGON_SUFFIXES, OutputSink, make_sink
+from geoserve.raster.sinks import OutputSink, check_geotiff_name, make_sink
 from geoserve.registry import ModelSpec
 from geoserve.schemas import OUTPUT_KINDS, TOKEN_KINDS, VECTOR_KINDS, ImageOutput, OutFormat
 
@@ -112,16 +112,14 @@ def product_sink(
     ``patch-embeddings``.
 
     Raises:
-        ConfigError: a vector kind asked for as a tensor, or named with a raster suffix.
+        ConfigError: a vector kind asked for as a tensor, or a GeoTIFF named with another
+            format's suffix.
         OutputWriteError: the output directory does not exist.
     """
     grid = ctx.grid
     kind = getattr(out_proc, "kind", None)
-    if path is not None and kind not in VECTOR_KINDS and path.suffix.lower() in POLYGON_SUFFIXES:
-        raise ConfigError(
-            f"{path}: {kind} is a GeoTIFF; name it .tif (a {path.suffix} file would hold a "
-            "GeoTIFF under another format's name)"
-        )
+    if path is not None and kind not in VECTOR_KINDS:
+        check_geotiff_name(path, str(kind or "the output"))
     if kind in VECTOR_KINDS and out_format == "tensor":
         raise ConfigError(
             f"{kind} are a vector file: ask for them as a path, bytes or base64, not a tensor"
@@ -141,6 +139,7 @@ def product_sink(
             grid.height,
             grid.width,
             class_names=names,
+            fmt=None if path is not None else config.polygon_format,  # (a name's suffix wins)
             min_area=config.min_area,
             max_vertices=budget,
         )

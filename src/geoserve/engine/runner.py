@@ -6,8 +6,11 @@ model under ``torch.inference_mode`` (and autocast when a dtype is set), and che
 back: a (B, C, P, P) tensor, or (B, C, T, P, P) turned into T x C bands.
 :meth:`ModelRunner.forward_fitting` splits a batch that runs out of device memory and lowers
 the batch cap. :meth:`ModelRunner.run` isolates a forward pass that raises to the requests
-whose own patches make it fail. Start-up: :meth:`ModelRunner.warm_up` checks the model against
-its processors on a dummy patch, :meth:`ModelRunner.auto_batch` sizes ``"auto"`` batches.
+whose own patches make it fail. Start-up (:meth:`ModelRunner.start_up`):
+:meth:`ModelRunner.warm_up` checks the model against its processors on a dummy patch,
+:meth:`ModelRunner.auto_batch` sizes ``"auto"`` batches; both on the uncompiled module while the
+batch size is still to be found, then a compiled model runs once at the final batch size: one
+graph serves every batch.
 """
 
 from __future__ import annotations
@@ -79,6 +82,8 @@ class ModelRunner:
         max_batch_patches: The batch cap; lowered when the device runs out of memory.
         embedding_layer: The encoder block whose tokens embeddings kinds take.
         token_size: Pixels per token of the model's encoder (None: it has no token grid).
+        eager: The uncompiled module behind ``model`` (default: ``model``), for start-up
+            passes at other batch sizes than ``max_batch_patches`` (no graph compiled for them).
     """
 
     def __init__(
@@ -92,10 +97,12 @@ class ModelRunner:
         max_batch_patches: int,
         embedding_layer: int = -1,
         token_size: int | None = None,
+        eager: torch.nn.Module | None = None,
     ) -> None:
         self.embedding_layer = embedding_layer
         self.token_size = token_size
         self.model = model
+        self.eager = model if eager is None else eager
         self.name = name
         self.device = device
         self.dtype = dtype
@@ -104,17 +111,50 @@ class ModelRunner:
 
     # -- start-up ----------------------------------------------------------------------------
 
-    def warm_up(self, patch: Patch, in_proc: InputProcessor, out_proc: OutputProcessor) -> bool:
+    def start_up(
+        self,
+        patch: Patch,
+        in_proc: InputProcessor,
+        out_proc: OutputProcessor,
+        *,
+        auto_batch: bool,
+    ) -> None:
+        """Warm-up on ``patch``, and with ``auto_batch`` the batch size found first.
+
+        A compiled model compiles one graph: while the batch size is still to be found the
+        check and the memory probe run on the uncompiled module, then the compiled one runs
+        once at the final batch size (every later batch is padded to it).
+
+        Raises:
+            ModelExecutionError, ProcessorMismatchError: the model does not fit its processors.
+        """
+        fits = self.warm_up(patch, in_proc, out_proc, eager=auto_batch)
+        if not auto_batch:
+            return
+        # (a dummy the model refused tells nothing: the CPU default)
+        self.max_batch_patches = self.auto_batch(patch if fits else None)
+        if fits and self.compiled:
+            self.warm_up(patch, in_proc, out_proc)  # the one graph, at the final batch size
+
+    def warm_up(
+        self,
+        patch: Patch,
+        in_proc: InputProcessor,
+        out_proc: OutputProcessor,
+        *,
+        eager: bool = False,
+    ) -> bool:
         """Run one dummy patch; check the model's output against the output processor.
 
-        False when the model refuses the dummy but the input processor fixes no band count
-        (the dummy's 3 bands need not be what the model takes): the first request checks it.
+        ``eager``: on the uncompiled module (compiles nothing). False when the model refuses
+        the dummy but the input processor fixes no band count (the dummy's 3 bands need not
+        be what the model takes): the first request checks it.
 
         Raises:
             ModelExecutionError, ProcessorMismatchError: the model does not fit its processors.
         """
         try:
-            out, _ = self.forward([patch])
+            out, _ = self.forward([patch], eager=eager)
         except ModelExecutionError as exc:
             if in_proc.in_channels is None:
                 logger.warning(
@@ -136,7 +176,8 @@ class ModelRunner:
     def auto_batch(self, probe: Patch | None) -> int:
         """The batch size for ``max_batch_patches="auto"`` (see :class:`Engine`).
 
-        ``probe`` is a patch the model takes (None: none known, the CPU default).
+        ``probe`` is a patch the model takes (None: none known, the CPU default). The probe
+        runs on the uncompiled module: no graph is compiled for its batch size.
         """
         if probe is None or self.device.type != "cuda":
             return AUTO_CPU_BATCH
@@ -144,7 +185,7 @@ class ModelRunner:
         torch.cuda.synchronize(self.device)
         base = torch.cuda.memory_allocated(self.device)
         torch.cuda.reset_peak_memory_stats(self.device)
-        self.forward([probe] * n)
+        self.forward([probe] * n, eager=True)
         per_patch = max(1.0, (torch.cuda.max_memory_allocated(self.device) - base) / n)
         free, _ = torch.cuda.mem_get_info(self.device)
         fit = int(0.8 * free / per_patch)
@@ -236,11 +277,13 @@ class ModelRunner:
         tokens = torch.cat([ta, tb]) if ta is not None and tb is not None else None
         return torch.cat([a, b]), tokens
 
-    def forward(self, batch: list[Patch]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(
+        self, batch: list[Patch], *, eager: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """One forward pass: (B, C_out, P, P) float32 on the model's device.
 
         With it the encoder's (B, D, P / t, P / t) tokens, when a request of the batch asked
-        for them (else None).
+        for them (else None). ``eager``: on the uncompiled module, unpadded.
         """
         first = batch[0].data
         x: Any
@@ -253,12 +296,13 @@ class ModelRunner:
             vals = np.stack([p.request.ctx.model_kwargs[key] for p in batch])
             kwargs[key] = torch.from_numpy(vals).to(self.device)
         n = padded = len(batch)
-        if self.compiled and n < self.max_batch_patches:  # one batch shape: no recompiles
+        module = self.eager if eager else self.model
+        if self.compiled and not eager and n < self.max_batch_patches:  # one shape: one graph
             padded = self.max_batch_patches
             x = _pad(x, padded - n)
             kwargs = {k: _pad(v, padded - n) for k, v in kwargs.items()}
         want_tokens = any(getattr(p.request, "wants_tokens", False) for p in batch)
-        y, tokens = self._call(batch, x, kwargs, want_tokens)
+        y, tokens = self._call(module, batch, x, kwargs, want_tokens)
         if isinstance(y, tuple | list):
             y = y[0]
         if not isinstance(y, torch.Tensor):
@@ -280,17 +324,22 @@ class ModelRunner:
         return y.float(), tokens
 
     def _call(
-        self, batch: list[Patch], x: Any, kwargs: dict[str, Any], want_tokens: bool
+        self,
+        module: torch.nn.Module,
+        batch: list[Patch],
+        x: Any,
+        kwargs: dict[str, Any],
+        want_tokens: bool,
     ) -> tuple[Any, torch.Tensor | None]:
-        """The model on ``x``: its output, and its tokens when ``want_tokens``."""
+        """``module`` on ``x``: its output, and its tokens when ``want_tokens``."""
         try:
             with torch.inference_mode(), self.autocast():
                 if want_tokens:
-                    y, tokens = self.model.forward_with_tokens(  # type: ignore[operator]
+                    y, tokens = module.forward_with_tokens(  # type: ignore[operator]
                         x, layer=self.embedding_layer, **kwargs
                     )
                     return y, tokens
-                return self.model(x, **kwargs), None
+                return module(x, **kwargs), None
         except (torch.OutOfMemoryError, GeoServeError):
             raise
         except Exception as exc:

@@ -3,9 +3,11 @@
 Segmentation models return per-class logits. Overlaps are blended on the logits; the class map
 is their argmax, the probabilities their softmax and the confidence the largest softmax value,
 so the outputs always agree. Class maps are uint8 (uint16 past 254 classes) with a colour
-table, and a nodata value one past the last class code range (255 / 65535), so nodata never
-collides with a class. ``polygons`` takes the class map's rows too; its sink turns the finished
-map into polygons (:mod:`geoserve.raster.polygons`).
+table, and always declare the nodata value 255 (65535), which no class code reaches: pixels of
+input nodata, and pixels where the model returned NaN or inf, carry it, whether or not the
+input declares a nodata value (a map without such pixels simply has none). ``polygons`` takes
+the class map's rows too; its sink turns the finished map into polygons
+(:mod:`geoserve.raster.polygons`).
 """
 
 from __future__ import annotations
@@ -140,11 +142,12 @@ class SegmentationReassembler(OutputProcessor):
                 out[0, ~valid] = nodata
             colors = self.colors or tuple(PALETTE[i % len(PALETTE)] for i in range(n))
             cmap = {i: (*c, 255) for i, c in enumerate(colors)} if dtype == np.uint8 else None
-            if cmap is not None and masked:
+            if cmap is not None:
                 cmap[nodata] = (0, 0, 0, 0)
+            # nodata declared always: a model's NaN writes it even where the input has none
             return OutputRaster(
                 out,
-                nodata if masked else None,
+                nodata,
                 ("class",),
                 colormap=cmap,
                 tags=tags,

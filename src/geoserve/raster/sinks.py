@@ -16,11 +16,12 @@ import threading
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from numpy.typing import NDArray
 
+from geoserve.errors import ConfigError
 from geoserve.raster.write import OutputRaster, RowWriter
 from geoserve.schemas import ImageOutput, OutFormat
 
@@ -150,8 +151,15 @@ def make_sink(
     return GeoTiffSink(path if out_format == "path" else None, profile, height, width, cog=cog)
 
 
+#: The vector formats polygons may be written in (EngineConfig's ``polygon_format``).
+PolygonFormat = Literal["gpkg", "geojson", "parquet"]
+#: The polygons' default format: GeoPackage, which every GDAL since 2.0 and every QGIS 3 opens
+#: (GeoParquet needs GDAL 3.8 built with Arrow: not Debian 12's GDAL 3.6 or QGIS 3.22).
+DEFAULT_POLYGON_FORMAT: PolygonFormat = "gpkg"
+#: The file suffix an engine-chosen name gets for each polygon format.
+FORMAT_SUFFIX: dict[str, str] = {"gpkg": ".gpkg", "geojson": ".geojson", "parquet": ".parquet"}
 #: The file suffix of each output kind written as a vector file; every other kind is a GeoTIFF.
-KIND_SUFFIX = {"polygons": ".parquet", "patch-embeddings": ".parquet"}
+KIND_SUFFIX = {"polygons": ".gpkg", "patch-embeddings": ".parquet"}
 #: The formats polygons may be written in, by file suffix (docs/outputs.md).
 POLYGON_FORMATS: dict[str, str] = {
     ".parquet": "parquet",
@@ -161,29 +169,65 @@ POLYGON_FORMATS: dict[str, str] = {
     ".gpkg": "gpkg",
 }
 POLYGON_SUFFIXES = tuple(POLYGON_FORMATS)
+#: The suffixes a GeoTIFF output may be named with (or none at all).
+GEOTIFF_SUFFIXES = (".tif", ".tiff")
 #: Suffixes taken off an output path used as a stem for several kinds.
-OUTPUT_SUFFIXES = (".tif", ".tiff", *POLYGON_SUFFIXES)
+OUTPUT_SUFFIXES = (*GEOTIFF_SUFFIXES, *POLYGON_SUFFIXES)
 
 
-def kind_suffix(kind: str) -> str:
-    """The default file suffix of ``kind``'s output: ``.tif``, ``.parquet`` for vector kinds."""
+def kind_suffix(kind: str, polygon_format: str = DEFAULT_POLYGON_FORMAT) -> str:
+    """The default file suffix of ``kind``'s output: ``.tif``; polygons: ``polygon_format``'s."""
+    if kind == "polygons":
+        return FORMAT_SUFFIX[polygon_format]
     return KIND_SUFFIX.get(kind, ".tif")
 
 
-def product_paths(path: Path, kinds: Sequence[str], *, named: bool = True) -> list[Path]:
+def check_geotiff_name(path: Path, kind: str = "the output") -> None:
+    """Refuse to write a GeoTIFF under a name that says another format (``scene.png``).
+
+    A GeoTIFF is named ``.tif`` / ``.tiff`` or has no suffix; any other would give a GIS tool
+    (or a person) a GeoTIFF under another format's name.
+
+    Raises:
+        ConfigError: naming the path, the suffixes accepted, and ``--quicklook`` for a picture.
+    """
+    suffix = path.suffix.lower()
+    if not suffix or suffix in GEOTIFF_SUFFIXES:
+        return
+    hint = ""
+    if suffix in POLYGON_SUFFIXES:
+        hint = f" ({suffix} names a vector format: only polygons are written as one)"
+    elif suffix in (".png", ".jpg", ".jpeg", ".webp"):
+        hint = (
+            "; for a PNG picture of the input and the prediction, give "
+            f"-o {path.with_suffix('.tif').name} --quicklook {path.with_suffix('.png').name}"
+        )
+    raise ConfigError(
+        f"{path}: {kind} is a GeoTIFF: name it .tif or .tiff, not {path.suffix}{hint}"
+    )
+
+
+def product_paths(
+    path: Path,
+    kinds: Sequence[str],
+    *,
+    named: bool = True,
+    polygon_format: str = DEFAULT_POLYGON_FORMAT,
+) -> list[Path]:
     """Where each output kind of a request is written, given its output path.
 
     One kind: ``path`` itself (an engine-chosen name, ``named=False``, takes the kind's
     suffix). Several: ``path`` is a stem, each kind's file ``<stem>_<kind><suffix>`` (a
     ``.tif``-like or vector suffix on ``path`` is dropped first): ``scene_classes.tif``,
-    ``scene_confidence.tif``, ``scene_polygons.parquet``. A vector suffix on ``path``
-    (``scene.gpkg``) chooses the polygons' format: ``scene_polygons.gpkg``.
+    ``scene_confidence.tif``, ``scene_polygons.gpkg`` (``polygon_format``'s suffix). A vector
+    suffix on ``path`` (``scene.geojson``) chooses the polygons' format:
+    ``scene_polygons.geojson``.
     """
     if len(kinds) == 1:
-        return [path if named else path.with_suffix(kind_suffix(kinds[0]))]
+        return [path if named else path.with_suffix(kind_suffix(kinds[0], polygon_format))]
     suffix = path.suffix.lower()
     stem = path.with_suffix("") if suffix in OUTPUT_SUFFIXES else path
-    polygons = path.suffix if suffix in POLYGON_SUFFIXES else kind_suffix("polygons")
+    polygons = path.suffix if suffix in POLYGON_SUFFIXES else FORMAT_SUFFIX[polygon_format]
     return [
         stem.with_name(f"{stem.name}_{kind}{polygons if kind == 'polygons' else kind_suffix(kind)}")
         for kind in kinds
@@ -194,10 +238,12 @@ def output_paths(
     items: Sequence[Any],
     directory: str | os.PathLike[str],
     kinds: Sequence[str] = ("classes",),
+    polygon_format: str = DEFAULT_POLYGON_FORMAT,
 ) -> list[Path]:
     """One output path per input in ``directory`` (created), unique per stem.
 
-    For one output kind ``<stem>_pred.tif`` (``.parquet`` for polygons); for several, the
+    For one output kind ``<stem>_pred.tif`` (polygons: ``polygon_format``'s suffix, ``.gpkg``
+    by default); for several, the
     stem ``<stem>`` that :func:`product_paths` names each kind's file after
     (``<stem>_classes.tif``, ...). An item that is a list (dates of one place) is named after
     its first date, a dict (modalities) after its first modality; inputs without a file name
@@ -218,6 +264,6 @@ def output_paths(
         seen[stem] = n + 1
         name = stem if n == 0 else f"{stem}_{n}"
         if len(kinds) == 1:
-            name = f"{name}_pred{kind_suffix(kinds[0])}"
+            name = f"{name}_pred{kind_suffix(kinds[0], polygon_format)}"
         paths.append(directory / name)
     return paths

@@ -152,6 +152,10 @@ def warn_if_not_georeferenced(info: RasterInfo) -> None:
         )
 
 
+#: GDAL drivers that take the ``NUM_THREADS`` open option (the others log that they do not).
+THREADED_DRIVERS = frozenset({"GTiff"})
+
+
 class DatasetSource(RasterSource):
     """A source backed by a rasterio dataset (a file, or bytes in a ``MemoryFile``).
 
@@ -221,6 +225,8 @@ class DatasetSource(RasterSource):
     def _open_with(self, drivers: list[str], path: str | None, options: dict[str, Any]) -> Any:
         """Open with each allowed driver in turn: never GDAL's own sniffing of the content."""
         for i, driver in enumerate(drivers):
+            if driver not in THREADED_DRIVERS:
+                options = {k: v for k, v in options.items() if k != "NUM_THREADS"}
             try:
                 if self._memfile is not None:
                     return self._memfile.open(driver=driver, **options)

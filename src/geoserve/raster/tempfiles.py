@@ -28,15 +28,25 @@ _HOST = hashlib.sha1(socket.gethostname().encode()).hexdigest()[:12]
 #: host name (host networking) do not share process ids, so a live writer elsewhere must look
 #: idle for this long before its file can be taken for a leftover.
 STALE_AFTER_S = 600.0
-_PATTERN = re.compile(r"^\.(?P<name>.+)\.(?P<host>[A-Za-z0-9]+)-(?P<pid>\d+)-[0-9a-f]{8}\.tmp$")
+_PATTERN = re.compile(
+    r"^\.(?P<name>.+)\.(?P<host>[A-Za-z0-9]+)-(?P<pid>\d+)-[0-9a-f]{8}\.tmp(?:\.[A-Za-z0-9]+)?$"
+)
 _lock = threading.Lock()
 _live: set[Path] = set()  # temporaries of this process still being written
 _orphans: set[Path] = set()  # temporaries of this process that could not be removed yet
 
 
-def new_temporary(target: Path) -> Path:
-    """A fresh temporary name beside ``target``, registered as live."""
-    tmp = target.with_name(f".{target.name}.{_HOST}-{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp")
+def new_temporary(target: Path, suffix: str = "") -> Path:
+    """A fresh temporary name beside ``target``, registered as live.
+
+    ``suffix`` (``.gpkg``) ends the name, for a writer that wants its format's extension.
+
+    A ``target`` that is itself a temporary (a file written by way of another, as the
+    polygons' class map is) gets a name of the same final target, not a prefix on a prefix.
+    """
+    match = _PATTERN.match(target.name)
+    name = match["name"] if match is not None else target.name
+    tmp = target.with_name(f".{name}.{_HOST}-{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp{suffix}")
     with _lock:
         _live.add(tmp)
     return tmp

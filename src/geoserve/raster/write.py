@@ -210,7 +210,7 @@ class RowWriter:
             aux = None
             if self._meta is not None and self._meta.categories:
                 aux = self._new_tmp(sidecar(self.path))
-                aux.write_text(_categories_xml(self._meta.categories))
+                aux.write_text(_pam_xml(self._meta.categories, self._meta.colormap))
                 os.replace(aux, sidecar(self.path))
             try:
                 os.replace(src_name, self.path)
@@ -318,8 +318,10 @@ def verify_geotiff(
     size = os.stat(name).st_size
     if size == 0:
         raise OutputWriteError(f"{name}: the written file is empty")
-    with warnings.catch_warnings(), rasterio.open(name, driver="GTiff") as ds:
+    with warnings.catch_warnings():  # (opening warns; the input's own warning said it)
         warnings.simplefilter("ignore", NotGeoreferencedWarning)
+        ds = rasterio.open(name, driver="GTiff")
+    with ds:
         count = meta.data.shape[0] if meta is not None else ds.count
         if (ds.height, ds.width, ds.count) != (height, width, count):
             raise OutputWriteError(
@@ -374,20 +376,29 @@ def sidecar(path: Path) -> Path:
     return path.with_name(path.name + ".aux.xml")
 
 
-def _categories_xml(names: Sequence[str]) -> str:
-    """Class names for GIS tools, as GDAL's PAM sidecar holds them.
+def _pam_xml(names: Sequence[str], colormap: Mapping[int, tuple[int, int, int, int]] | None) -> str:
+    """Class names, and the colours of exactly those classes, as GDAL's PAM sidecar holds them.
 
-    GeoTIFF has no place for category names; GDAL (and so QGIS) reads them from the sidecar,
-    written (by way of a temporary, as the file itself) just before the file is renamed into
-    place, and removed again if that fails.
+    GeoTIFF has no place for category names, and an 8-bit GeoTIFF's colour table always has
+    256 entries (QGIS lists every one in its legend: the classes, then black 2 ... 255). GDAL
+    (and so QGIS, rasterio, ``gdalinfo``) reads both from the sidecar, whose colour table, one
+    entry per class, wins over the file's; the file keeps its own for tools that read it
+    alone. The sidecar is written (by way of a temporary, as the file itself) just before the
+    file is renamed into place, and removed again if that fails.
     """
-    from xml.sax.saxutils import escape
+    import xml.etree.ElementTree as ET
 
-    items = "".join(f"<Category>{escape(n)}</Category>" for n in names)
-    return (
-        f'<PAMDataset><PAMRasterBand band="1"><CategoryNames>{items}</CategoryNames>'
-        "</PAMRasterBand></PAMDataset>\n"
-    )
+    dataset = ET.Element("PAMDataset")
+    band = ET.SubElement(dataset, "PAMRasterBand", band="1")
+    categories = ET.SubElement(band, "CategoryNames")
+    for name in names:
+        ET.SubElement(categories, "Category").text = name
+    if colormap is not None:
+        table = ET.SubElement(band, "ColorTable")
+        for i in range(len(names)):
+            c = colormap.get(i, (0, 0, 0, 255))
+            ET.SubElement(table, "Entry", c1=str(c[0]), c2=str(c[1]), c3=str(c[2]), c4=str(c[3]))
+    return ET.tostring(dataset, encoding="unicode") + "\n"
 
 
 def geotiff_bytes(

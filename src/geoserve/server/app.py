@@ -131,8 +131,8 @@ class _Service:
     def output_path(self, rid: str, out_format: str, kinds: Sequence[str]) -> Path | None:
         """Where a ``path`` output goes: always under --output-dir, named by the server.
 
-        One kind: ``<rid>.tif`` (``.parquet`` for polygons); several: the stem ``<rid>`` of
-        ``<rid>_<kind>.tif`` and so on.
+        One kind: ``<rid>.tif`` (polygons: ``<rid>.gpkg``, or --polygon-format's suffix);
+        several: the stem ``<rid>`` of ``<rid>_<kind>.tif`` and so on.
         """
         if out_format != "path":
             return None
@@ -142,7 +142,8 @@ class _Service:
             )
         if len(kinds) > 1:
             return self.settings.output_dir / rid
-        return self.settings.output_dir / f"{rid}{kind_suffix(kinds[0])}"
+        fmt = self.settings.engine.polygon_format
+        return self.settings.output_dir / f"{rid}{kind_suffix(kinds[0], fmt)}"
 
     async def run(
         self,
@@ -214,6 +215,7 @@ class _Service:
                 timeout=self.settings.request_timeout_s,
                 deadline=deadline,
                 dates=when,
+                held=request.scope.get("geoserve.held"),
                 budget=budget,
             )
 
@@ -398,7 +400,8 @@ def _described(out: ImageOutput, out_data_format: str) -> dict[str, Any]:
     """One output in a JSON response: its data (base64, or its server path) and shape.
 
     A vector output (polygons) gives its feature count as ``count`` and its format as
-    ``dtype`` (``parquet``), as :class:`~geoserve.schemas.ImageOutput` does.
+    ``dtype`` (``gpkg``, ``geojson`` or ``parquet``), as :class:`~geoserve.schemas.ImageOutput`
+    does.
     """
     return {
         "data": out.b64 if out_data_format == "b64_json" else str(out.path),

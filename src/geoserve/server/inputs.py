@@ -144,8 +144,12 @@ async def remote_input(
     formats: Sequence[str] = DEFAULT_INPUT_FORMATS,
     headers: dict[str, str] | None = None,
     budget: OpenBudget | None = None,
+    download: bool = True,
 ) -> str | bytes:
     """``/vsicurl/<url>`` if the server supports range reads, else the downloaded bytes.
+
+    ``download=False``: a host that does not answer range requests is refused with
+    :class:`~geoserve.errors.InputError` before anything is downloaded (map tiles).
 
     Before GDAL is given the URL, its first bytes are fetched (one range request, no
     redirects) and content in a format outside ``formats`` is refused unparsed. ``headers``,
@@ -182,6 +186,8 @@ async def remote_input(
     if ranged and first.status_code in (200, 206):
         refuse_other_formats(url, head_bytes, formats)
         return VSICURL + url
+    if not download:
+        raise InputError(f"{url}: this needs a server that answers HTTP range requests")
     left = deadline_s - (time.monotonic() - t0)
     return await fetch_url(url, domains, max_bytes, left, budget)
 

@@ -1,12 +1,14 @@
 """The map routes: prediction tiles, uploaded scenes, and the map page (``--ui``).
 
-- ``GET /v1/tiles/{z}/{x}/{y}.png?source=S&kind=classes|confidence|input``: a WebMercator
-  tile (256 px) of ``S``, predicted on demand (:mod:`geoserve.tiles`). ``S`` is the id of an
+- ``GET /v1/tiles/{z}/{x}/{y}.png?source=S&kind=classes|confidence|input[&hide=0,2]``: a
+  WebMercator tile (256 px) of ``S``, predicted on demand (:mod:`geoserve.tiles`); ``hide``
+  names class codes drawn transparent. ``S`` is the id of an
   uploaded scene, a path under an allowed input directory, an ``http(s)`` URL on an allowed
   host that answers range requests, or ``output:NAME``, a GeoTIFF the server wrote under
   ``--output-dir`` (drawn as it is stored, at any zoom). The same trust rules as
   ``/v1/images`` apply.
-- ``POST /v1/scenes`` (a multipart ``file`` part, or the GeoTIFF as the body), ``GET`` and
+- ``POST /v1/scenes`` (a multipart ``file`` part, or the GeoTIFF as the body; refused when
+  the model's input processor would refuse it, as a ``/v1/images`` request), ``GET`` and
   ``DELETE /v1/scenes/{id}``, ``POST /v1/scenes/{id}/predict`` (the whole scene, stored for
   the low zooms and offered at ``GET /v1/scenes/{id}/prediction.tif``).
 - ``GET /`` and ``/ui/...`` with ``--ui``: the page and its files, all from the package.
@@ -31,13 +33,22 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from geoserve.engine.patch_cache import PatchCache, Unvalidated, file_identity
-from geoserve.errors import ForbiddenInputError, InputError, NotFoundError, RasterReadError
+from geoserve.errors import (
+    ForbiddenInputError,
+    InputError,
+    NotFoundError,
+    PayloadTooLargeError,
+    RasterReadError,
+)
+from geoserve.raster.source import NamedBytes
 from geoserve.raster.write import write_error
+from geoserve.server.gather import open_budget
 from geoserve.server.inputs import remote_input, resolve_input_path
 from geoserve.server.metrics import Metrics
 from geoserve.server.scenes import SceneStore
 from geoserve.server.settings import ServerSettings
 from geoserve.tiles.mercator import check_tile
+from geoserve.tiles.render import ramp_stops
 from geoserve.tiles.service import TILE_KINDS, TileService, TileSource
 
 #: The map page's files (``/ui/NAME``), served from the package and nothing else.
@@ -118,7 +129,9 @@ class MapRoutes:
             )
         return self._scenes
 
-    async def tile(self, z: int, x: int, y: int, source: str, kind: str = "classes") -> Response:
+    async def tile(
+        self, z: int, x: int, y: int, source: str, kind: str = "classes", hide: str = ""
+    ) -> Response:
         """GET /v1/tiles/{z}/{x}/{y}.png: one tile (transparent where the scene is not)."""
         check_tile(z, x, y)
         if kind not in TILE_KINDS:
@@ -126,16 +139,17 @@ class MapRoutes:
                 f"kind: {kind[:40]!r} is not a tile kind; choose {', '.join(TILE_KINDS)}"
             )
         service = self.service
+        hidden = _class_codes(hide, len(service.class_names()))
         if source.startswith("output:"):
             path = self._output_file(source.removeprefix("output:"))
             if kind == "input":
                 raise InputError("kind: a stored output has no input bands; ask for classes")
-            body = await asyncio.to_thread(service.stored_tile, path, z, x, y, kind)  # type: ignore[arg-type]
+            body = await asyncio.to_thread(service.stored_tile, path, z, x, y, kind, hidden)  # type: ignore[arg-type]
         elif source.startswith("scn-"):
             with self.scenes.use(source) as scene:  # (not evicted while its tile is made)
-                body = await service.tile(scene.source(), z, x, y, kind)  # type: ignore[arg-type]
+                body = await service.tile(scene.source(), z, x, y, kind, hidden)  # type: ignore[arg-type]
         else:
-            body = await service.tile(await self._source(source), z, x, y, kind)  # type: ignore[arg-type]
+            body = await service.tile(await self._source(source), z, x, y, kind, hidden)  # type: ignore[arg-type]
         return Response(body, media_type="image/png", headers={"Cache-Control": "no-store"})
 
     async def _source(self, text: str) -> TileSource:
@@ -159,15 +173,17 @@ class MapRoutes:
                 f"{url}: tiles read URLs in place; this server downloads them"
             )
         head: dict[str, str] = {}
-        where = await remote_input(
+        where = await remote_input(  # (a host without range requests: refused, not fetched)
             url,
             s.allowed_url_domains,
             int(s.max_body_mb * 1024 * 1024),
             s.request_timeout_s,
             tuple(s.engine.allowed_formats),
             head,
+            open_budget(s, time.monotonic() + s.request_timeout_s),
+            download=False,
         )
-        if not isinstance(where, str):
+        if not isinstance(where, str):  # (never: download=False)
             raise InputError(f"{url}: tiles need a server that answers HTTP range requests")
         # GDAL keeps what it read of a URL for later opens of the same name: the name it is
         # given carries a fragment (never sent to the host) that changes with the content
@@ -207,8 +223,25 @@ class MapRoutes:
             data, name = await request.body(), "upload.tif"
         if not data:
             raise InputError("empty upload: send the GeoTIFF as a 'file' part or as the body")
-        scene = await asyncio.to_thread(self.scenes.add, data, name)
+        store, service = self.scenes, self.service
+        check = self._check_feeds_model if service.class_names() else None
+        scene = await asyncio.to_thread(store.add, data, name, check)
         return scene.describe(self.settings.scene_ttl_s)
+
+    def _check_feeds_model(self, upload: NamedBytes) -> None:
+        """Refuse an upload the model's prediction tiles could not read (bands, dates, ...).
+
+        The checks of a tile's request (the engine's admission, headers only), on the whole
+        scene: what a tile would answer, the upload answers at once. A scene too large for one
+        request is not refused here (tiles cut it; the whole-scene run says so itself).
+        """
+        try:
+            request = self.service.engine.engine.prepare_request(
+                upload, data_format="bytes", out_format="tensor", output_kind=["raw"]
+            )
+        except PayloadTooLargeError:
+            return
+        request.close()
 
     async def describe(self, sid: str) -> dict[str, Any]:
         """GET /v1/scenes/{id} (not a use: its expiry stays)."""
@@ -280,6 +313,10 @@ class MapRoutes:
                 "model": self.settings.model,
                 "classes": service.class_names(),
                 "colors": [list(c) for c in service.colors()],
+                "transparent": service.transparent_classes(),
+                "ramp": ramp_stops(),
+                "confidence_range": list(service.confidence_range()),
+                "uploads": self.settings.output_dir is not None,
                 "basemap_url": self.settings.basemap_url,
             }
         )
@@ -289,6 +326,18 @@ class MapRoutes:
         if name not in UI_FILES:
             raise NotFoundError(f"/ui/{name[:80]}: no such file")
         return Response(_ui_bytes(name), media_type=UI_FILES[name])
+
+
+def _class_codes(text: str, count: int) -> tuple[int, ...]:
+    """The class codes of a tile's ``hide`` (comma-separated, each below ``count``)."""
+    codes = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        if not part.isdigit() or int(part) >= count:
+            raise InputError(
+                f"hide: {part[:20]!r} is not a class code of this model (0 to {count - 1})"
+            )
+        codes.append(int(part))
+    return tuple(codes)
 
 
 def _ui_bytes(name: str) -> bytes:

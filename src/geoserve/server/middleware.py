@@ -94,8 +94,10 @@ class _Exchange:
 
     With an engine (``ledger``), what the server holds for the request outside the engine is
     counted against its memory bound: the body as it arrives (``factor`` times: a JSON body is
-    held as bytes and again as parsed text), and an answer from when it starts until it is
-    sent. A body that does not fit fails the request (503 or 413) while it streams in.
+    held as bytes and again as parsed text) until the request is admitted (its own estimate,
+    which counts its upload, then takes over: ``scope["geoserve.held"]`` names the key), and
+    each part of the answer while the client takes it. A body that does not fit fails the
+    request (503 or 413) while it streams in.
     """
 
     def __init__(self, receive: Receive, send: Send, limit: int, ledger: Any, factor: int) -> None:
@@ -119,10 +121,17 @@ class _Exchange:
     async def send(self, message: Message) -> None:
         if message["type"] == "http.response.start":
             self.started = True
-            length = dict(message.get("headers", [])).get(b"content-length", b"")
-            if self._ledger is not None and length.isdigit():  # the answer, until it is sent
-                self._ledger.hold(self.key, int(length), "the answer", force=True)
-        await self._send(message)
+        body = message.get("body", b"") if message["type"] == "http.response.body" else b""
+        if self._ledger is None or len(body) < 65536:
+            await self._send(message)
+            return
+        # the answer's bytes are held until the client has taken them (the server's send
+        # waits while its buffer is full): a streamed answer holds one chunk at a time
+        self._ledger.hold(self.key, len(body), "the answer", force=True)
+        try:
+            await self._send(message)
+        finally:
+            self._ledger.unhold(self.key)
 
     def release(self) -> None:
         if self._ledger is not None:
@@ -230,6 +239,7 @@ class GuardMiddleware:
             return
         json_body = "json" in headers.get("content-type", "")
         ex = _Exchange(receive, send, self.limit, self.state.get("engine"), 2 if json_body else 1)
+        scope["geoserve.held"] = ex.key
         self.state["in_flight"] += 1
         try:
             await self.app(scope, ex.receive, ex.send)

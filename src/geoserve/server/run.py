@@ -2,13 +2,15 @@
 
 On the first SIGTERM (or Ctrl+C) the server keeps listening but answers new requests with 503
 and reports not-ready, lets in-flight requests finish for up to ``shutdown_timeout_s``, then
-exits. A second Ctrl+C exits at once.
+exits. A second Ctrl+C exits at once. With ``--ui`` the map page's address is logged once the
+socket is bound (and a warning when uploads are off: no ``--output-dir``).
 """
 
 from __future__ import annotations
 
 import logging
 import signal
+import socket
 import threading
 import time
 from types import FrameType
@@ -25,11 +27,21 @@ logger = logging.getLogger("geoserve.server")
 class DrainingServer(uvicorn.Server):
     """uvicorn.Server whose first shutdown signal drains instead of closing the socket."""
 
-    def __init__(self, config: uvicorn.Config, app: FastAPI, timeout: float) -> None:
+    def __init__(
+        self, config: uvicorn.Config, app: FastAPI, timeout: float, *, page: bool = False
+    ) -> None:
         super().__init__(config)
         self._app = app
         self._timeout = timeout
         self._draining = False
+        self._page = page
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        """Start listening; then log the map page's address (with ``--ui``)."""
+        await super().startup(sockets)
+        if self._page and not self.should_exit and self.servers:
+            bound = self.servers[0].sockets[0].getsockname()
+            logger.info("map page: %s", page_url(self.config.host, bound[1]))
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         """Start draining on the first signal; defer to uvicorn on the next."""
@@ -52,8 +64,20 @@ class DrainingServer(uvicorn.Server):
         self.should_exit = True
 
 
+def page_url(host: str, port: int) -> str:
+    """The map page's address for a server bound to ``host``:``port``."""
+    if host in ("0.0.0.0", "::", ""):  # every interface: this machine's own name reaches it
+        return f"http://{socket.gethostname()}:{port}/ (on this machine http://127.0.0.1:{port}/)"
+    return f"http://[{host}]:{port}/" if ":" in host else f"http://{host}:{port}/"
+
+
 def serve(settings: ServerSettings) -> int:
     """Serve until a shutdown signal; returns the exit code."""
+    if settings.ui and settings.output_dir is None:
+        logger.warning(
+            "--ui without --output-dir: the map page cannot upload scenes (uploads are off); "
+            "start the server with --output-dir DIR to upload them"
+        )
     app = create_app(settings)
     config = uvicorn.Config(
         app,
@@ -65,6 +89,6 @@ def serve(settings: ServerSettings) -> int:
         # closes what is left (cancelled handlers answer 503), it must not wait that long again
         timeout_graceful_shutdown=1,
     )
-    server = DrainingServer(config, app, settings.shutdown_timeout_s)
+    server = DrainingServer(config, app, settings.shutdown_timeout_s, page=settings.ui)
     server.run()
     return 0

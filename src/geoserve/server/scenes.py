@@ -1,7 +1,8 @@
 """Scenes uploaded for map tiles (``POST /v1/scenes``): kept under ``--output-dir``, bounded.
 
 An upload is opened through the trust rules first (GeoTIFF only by default, checked as any
-input), must be georeferenced, and is written under ``<output-dir>/scenes/`` by a name the
+input), must be georeferenced and pass the server's check that it can feed the model (its
+bands and dates, as a request's), and is written under ``<output-dir>/scenes/`` by a name the
 server makes (``scn-<32 hex>.tif``). The store holds at most ``max_scenes`` scenes and
 ``max_scenes_mb`` of them; to make room for an upload it evicts the least recently used scenes
 that are idle (none of its tiles, predictions or downloads under way), and refuses the upload
@@ -21,7 +22,7 @@ import re
 import secrets
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -121,14 +122,21 @@ class SceneStore:
         for old in root.glob("scn-*"):  # an earlier server's: their ids are gone
             _unlink(old)
 
-    def add(self, data: bytes, name: str) -> Scene:
+    def add(
+        self, data: bytes, name: str, check: Callable[[NamedBytes], None] | None = None
+    ) -> Scene:
         """Check and store an upload.
+
+        ``check`` is called with the upload once it opened as a georeferenced raster, before
+        anything is written: the server's check that the scene can feed the model (its
+        error, naming the upload, refuses it).
 
         Raises:
             PayloadTooLargeError: larger than the whole store may hold.
             QueueFullError: the scenes in use leave no room for it.
             OutputSpaceError: the store's disk is full or read-only (nothing of it is left).
             InputError, InputFormatError, RasterReadError: not a georeferenced raster allowed.
+            GeoServeError: what ``check`` raises.
         """
         if len(data) > self.max_bytes:
             raise PayloadTooLargeError(
@@ -152,6 +160,8 @@ class SceneStore:
             lonlat_bounds(info.crs, array_bounds(info.height, info.width, info.transform)),
             min_zoom(info.crs, info.transform, info.width, info.height),
         )
+        if check is not None:
+            check(upload)
         self.expire()
         with self._lock:
             evicted = self._make_room(len(data))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 import numpy as np
 from affine import Affine
@@ -18,6 +18,8 @@ from geoserve.tiles.mercator import TILE, WEB_MERCATOR, tile_transform
 
 #: Class map value where nothing is known (nodata input, outside the scene).
 NO_CLASS = 255
+#: matplotlib's colour ramp of confidence tiles (and of the map page's legend for them).
+RAMP = "viridis"
 
 
 def warp_to_tile(
@@ -50,22 +52,39 @@ def warp_to_tile(
 
 
 def classes_rgba(
-    classes: NDArray[np.float32], colors: Sequence[Sequence[int]], alpha: int = 255
+    classes: NDArray[np.float32],
+    colors: Sequence[Sequence[int]],
+    alpha: int = 255,
+    hidden: Collection[int] = (),
 ) -> NDArray[np.uint8]:
-    """(256, 256) class codes (NaN: none) as (4, 256, 256) RGBA in the model's colours."""
+    """(256, 256) class codes (NaN: none) as (4, 256, 256) RGBA in the model's colours.
+
+    The classes in ``hidden`` are drawn transparent (a background class over the scene).
+    """
     table = np.zeros((256, 4), dtype=np.uint8)
     for i, rgb in enumerate(colors[:255]):
         table[i, :3] = tuple(rgb)[:3]
-        table[i, 3] = alpha
+        table[i, 3] = 0 if i in hidden else alpha
     codes = np.where(np.isfinite(classes), classes, NO_CLASS).astype(np.uint8)
     return np.moveaxis(table[codes], -1, 0)
 
 
-def ramp_rgba(values: NDArray[np.float32], lo: float = 0.0, hi: float = 1.0) -> NDArray[np.uint8]:
-    """(256, 256) values (NaN: none) as RGBA on matplotlib's viridis ramp from lo to hi."""
+def _ramp_lut() -> NDArray[np.uint8]:
     from matplotlib import colormaps
 
-    lut = (colormaps["viridis"](np.linspace(0, 1, 256)) * 255).astype(np.uint8)
+    return (colormaps[RAMP](np.linspace(0, 1, 256)) * 255).astype(np.uint8)
+
+
+def ramp_stops(count: int = 11) -> list[str]:
+    """``count`` colours evenly along the ramp of :func:`ramp_rgba`, as CSS ``#rrggbb``."""
+    lut = _ramp_lut()
+    picks = np.linspace(0, 255, count).round().astype(int)
+    return ["#{:02x}{:02x}{:02x}".format(*lut[i, :3]) for i in picks]
+
+
+def ramp_rgba(values: NDArray[np.float32], lo: float = 0.0, hi: float = 1.0) -> NDArray[np.uint8]:
+    """(256, 256) values (NaN: none) as RGBA on matplotlib's :data:`RAMP` from lo to hi."""
+    lut = _ramp_lut()
     ok = np.isfinite(values)
     idx = np.clip((np.where(ok, values, lo) - lo) / max(hi - lo, 1e-12), 0, 1) * 255
     rgba = lut[idx.astype(np.uint8)]

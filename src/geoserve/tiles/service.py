@@ -9,7 +9,8 @@ tile or another zoom does not run again); the blended raw outputs of the inner w
 classes (nearest) or confidence (bilinear) on the tile. ``kind="input"`` draws the scene in
 true colour from the model's band roles. Below the scene's on-demand zoom
 (:func:`~geoserve.tiles.mercator.min_zoom`) a tile comes from the stored whole-scene
-prediction when there is one, else :class:`~geoserve.errors.ZoomTooLowError`.
+prediction when there is one, else :class:`~geoserve.errors.ZoomTooLowError`. Classes asked
+for as ``hidden`` are drawn transparent (see :meth:`TileService.transparent_classes`).
 
 Sources are resolved and checked by the caller (the server's trust rules): the service gets
 a :class:`TileSource`, a path GDAL may open and an identity that changes with the content.
@@ -22,7 +23,7 @@ import contextlib
 import functools
 import math
 import uuid
-from collections.abc import Hashable, Iterator
+from collections.abc import Collection, Hashable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -105,8 +106,18 @@ class TileService:
         """The scene's grid (opened through the trust rules, headers only)."""
         return _geometry(source.path, source.identity, self.formats)
 
-    async def tile(self, source: TileSource, z: int, x: int, y: int, kind: TileKind) -> bytes:
+    async def tile(
+        self,
+        source: TileSource,
+        z: int,
+        x: int,
+        y: int,
+        kind: TileKind,
+        hidden: Collection[int] = (),
+    ) -> bytes:
         """The PNG of tile ``(z, x, y)`` of ``source`` (transparent outside it).
+
+        ``hidden``: class codes drawn transparent on a ``classes`` tile.
 
         Raises:
             InputError: ``kind`` is not one this model can draw.
@@ -133,7 +144,9 @@ class TileService:
             )
         if z < zmin:
             if source.prediction is not None and source.prediction.exists():
-                return await asyncio.to_thread(self.stored_tile, source.prediction, z, x, y, kind)
+                return await asyncio.to_thread(
+                    self.stored_tile, source.prediction, z, x, y, kind, hidden
+                )
             raise ZoomTooLowError(
                 f"zoom {z}: {source.name} is predicted on demand from zoom {zmin} (a tile "
                 f"pixel at most {MAX_SCENE_PIXELS_PER_TILE_PIXEL} scene pixels wide); zoom in "
@@ -146,7 +159,7 @@ class TileService:
         self._check_cut(plan, geometry)
         async with self._turns:
             raw = await self._predict(source, plan, f"{z}/{x}/{y}")
-        return await asyncio.to_thread(self._render, raw, geometry, plan, z, x, y, kind)
+        return await asyncio.to_thread(self._render, raw, geometry, plan, (z, x, y), kind, hidden)
 
     # -- prediction tiles ----------------------------------------------------------------------
 
@@ -163,6 +176,22 @@ class TileService:
         """The model's class names (none for a model without classes)."""
         out = self._model.model_out_proc  # the model's own processor: its classes, colours
         return list(getattr(out, "classes", ()) or ())
+
+    def transparent_classes(self) -> list[int]:
+        """The classes a map draws transparent by default (a background over the scene).
+
+        Those the model's output processor names in a ``transparent_classes`` attribute
+        (class names), else the first class of a two-class map (say "not water"), else none.
+        """
+        names = self.class_names()
+        declared = getattr(self._model.model_out_proc, "transparent_classes", None)
+        if declared is None:
+            return [0] if len(names) == 2 else []
+        return [names.index(n) for n in declared if n in names]
+
+    def confidence_range(self) -> tuple[float, float]:
+        """The confidence drawn at the ramp's two ends: 1 / classes (a tie) to 1."""
+        return 1.0 / max(len(self.class_names()), 1), 1.0
 
     def colors(self) -> list[tuple[int, int, int]]:
         """The model's class colours (its output processor's, else a default palette)."""
@@ -197,28 +226,31 @@ class TileService:
         raw: NDArray[Any],
         g: SceneGeometry,
         plan: TilePlan,
-        z: int,
-        x: int,
-        y: int,
+        zxy: tuple[int, int, int],
         kind: TileKind,
+        hidden: Collection[int],
     ) -> bytes:
+        z, x, y = zxy
         transform = rasterio.windows.transform(plan.inner, g.transform)
         valid = np.isfinite(raw).all(axis=0)
         if kind == "classes":
             codes = np.where(valid, np.nan_to_num(raw).argmax(axis=0), np.nan)
             values = codes.astype(np.float32)[None]
             tile = warp_to_tile(values, transform, g.crs, z, x, y, Resampling.nearest)
-            return png(classes_rgba(tile[0], self.colors()))
+            return png(classes_rgba(tile[0], self.colors(), hidden=hidden))
         shifted = np.nan_to_num(raw) - np.nan_to_num(raw).max(axis=0, keepdims=True)
         probs = np.exp(shifted)
         conf = np.where(valid, probs.max(axis=0) / probs.sum(axis=0), np.nan).astype(np.float32)
         tile = warp_to_tile(conf[None], transform, g.crs, z, x, y, Resampling.bilinear)
-        return png(ramp_rgba(tile[0], 1.0 / max(raw.shape[0], 1), 1.0))
+        return png(ramp_rgba(tile[0], *self.confidence_range()))
 
-    def stored_tile(self, path: Path, z: int, x: int, y: int, kind: TileKind) -> bytes:
+    def stored_tile(
+        self, path: Path, z: int, x: int, y: int, kind: TileKind, hidden: Collection[int] = ()
+    ) -> bytes:
         """A tile of a stored whole-scene output (a class map, or a confidence map).
 
-        Transparent outside the output and where it has no value.
+        Transparent outside the output, where it has no value, and for the classes in
+        ``hidden``.
 
         Raises:
             InputError: the file is not georeferenced, or not of the kind asked for.
@@ -245,8 +277,8 @@ class TileService:
                 data = vrt.read(1, masked=True).astype(np.float32).filled(np.nan)
                 data[vrt.read(vrt.count) == 0] = np.nan
         if kind == "classes":
-            return png(classes_rgba(data, self.colors()))
-        return png(ramp_rgba(data, 1.0 / max(len(self.class_names()), 1), 1.0))
+            return png(classes_rgba(data, self.colors(), hidden=hidden))
+        return png(ramp_rgba(data, *self.confidence_range()))
 
     # -- true colour -------------------------------------------------------------------------
 
