@@ -24,14 +24,14 @@ import asyncio
 import os
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import Any, TypeVar
 
-from geoserve.engine.request import Request
 from geoserve.errors import RequestTimeoutError
 from geoserve.raster.budget import OpenBudget, using
 from geoserve.raster.stac_item import StacItem, is_stac_input
 
 _REMOTE = ("/vsicurl/", "http://", "https://")
+T = TypeVar("T")
 
 
 def reaches_network(inputs: Any) -> bool:
@@ -73,13 +73,13 @@ class AdmissionPool:
 
     async def run(
         self,
-        prepare: Callable[[], Request],
+        prepare: Callable[[], T],
         *,
         remote: bool,
         budget: OpenBudget,
         timeout: float | None,
         late: str,
-    ) -> Request:
+    ) -> T:
         """``prepare()`` in a thread of the ``remote`` lane or the local one, with ``budget``.
 
         Raises:
@@ -105,19 +105,19 @@ class AdmissionPool:
             lane.shutdown(wait=False, cancel_futures=True)
 
 
-def _within(budget: OpenBudget, prepare: Callable[[], Request]) -> Request:
+def _within(budget: OpenBudget, prepare: Callable[[], T]) -> T:
     with using(budget):
         budget.check("the request's inputs")  # it waited for a thread past its deadline
         return prepare()
 
 
-def _abandon(work: Future[Request], budget: OpenBudget) -> None:
+def _abandon(work: Future[Any], budget: OpenBudget) -> None:
     """Nobody waits for ``work`` now: stop what it has left, close what it still returns."""
     budget.cancel()
     work.cancel()  # (if it has not started)
 
-    def close(done: Future[Request]) -> None:
+    def close(done: Future[Any]) -> None:
         if not done.cancelled() and done.exception() is None:
-            done.result().close()
+            getattr(done.result(), "close", lambda: None)()
 
     work.add_done_callback(close)

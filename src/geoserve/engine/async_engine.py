@@ -219,6 +219,22 @@ class AsyncEngine:
             self.abort(request_id)
             raise
 
+    async def opening(
+        self, open_: Callable[[], Any], *, remote: bool, budget: OpenBudget, what: str
+    ) -> Any:
+        """``open_()`` in the admission threads, under ``budget``, as a request's inputs are.
+
+        For opens that are not a request (a map tile's scene header): ``budget``'s deadline
+        and remote allowance apply.
+
+        Raises:
+            RequestTimeoutError: not done by the deadline; and whatever ``open_`` raises.
+        """
+        late = f"{what}: not opened within {budget.timeout_s:g} s"
+        return await self._admission.run(
+            open_, remote=remote, budget=budget, timeout=_left(budget.deadline), late=late
+        )
+
     def _reserve(self, req: Request, held_key: str | None = None) -> None:
         """Admit ``req`` against the bounds.
 

@@ -107,7 +107,11 @@ class MapRoutes:
             engine = self.ready_engine()
             formats = tuple(self.settings.engine.allowed_formats)
             self._service = TileService(
-                engine, self.cache, formats, self.settings.request_timeout_s
+                engine,
+                self.cache,
+                formats,
+                self.settings.request_timeout_s,
+                lambda deadline: open_budget(self.settings, deadline),
             )
         return self._service
 

@@ -22,11 +22,12 @@ import asyncio
 import contextlib
 import functools
 import math
+import time
 import uuid
-from collections.abc import Collection, Hashable, Iterator
+from collections.abc import Callable, Collection, Hashable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import numpy as np
 import rasterio
@@ -38,6 +39,7 @@ from rasterio.windows import Window
 
 from geoserve.engine.patch_cache import PatchCache, PatchKeys
 from geoserve.errors import InputError, ZoomTooLowError
+from geoserve.raster.budget import OpenBudget
 from geoserve.raster.source import DatasetSource, RasterWindow, open_raster
 from geoserve.tiles.mercator import (
     MAX_SCENE_PIXELS_PER_TILE_PIXEL,
@@ -57,6 +59,7 @@ from geoserve.tiles.render import (
 )
 
 TileKind = Literal["classes", "confidence", "input"]
+T = TypeVar("T")
 #: Prediction tiles read and run at once; more wait their turn (a map asks for dozens at a
 #: time, each holding its cut-out in memory: 16 of about 25 MB fit the server's default
 #: memory bound beside other requests, and still fill batches together).
@@ -88,15 +91,37 @@ class TileService:
     """Prediction and true-colour tiles on one engine; see the module docstring."""
 
     def __init__(
-        self, engine: Any, cache: PatchCache, formats: tuple[str, ...], timeout_s: float
+        self,
+        engine: Any,
+        cache: PatchCache,
+        formats: tuple[str, ...],
+        timeout_s: float,
+        budget: Callable[[float], OpenBudget] | None = None,
     ) -> None:
         self.engine = engine  # an AsyncEngine
         self.cache = cache
         self.formats = formats
         self.timeout_s = timeout_s
+        self.budget = budget  # a tile's allowance for remote opens, from its deadline
         # a scene's true-colour bands and stretch (read once per scene content)
         self._colour = functools.lru_cache(maxsize=64)(self._true_colour)
         self._turns: asyncio.Semaphore | None = None  # made on the event loop that uses it
+
+    async def _opened(self, source: TileSource, open_: Callable[..., T], *args: Any) -> T:
+        """``open_(*args)``, which opens ``source``, in the engine's admission threads.
+
+        Under the tile's deadline and the server's remote budget, as a request's inputs are.
+        """
+        deadline = time.monotonic() + self.timeout_s
+        budget = (
+            self.budget(deadline)
+            if self.budget is not None
+            else OpenBudget(deadline, timeout_s=self.timeout_s)
+        )
+        remote = source.path.startswith("/vsicurl/")
+        call = functools.partial(open_, *args)
+        result: T = await self.engine.opening(call, remote=remote, budget=budget, what=source.name)
+        return result
 
     @property
     def _model(self) -> Any:
@@ -126,7 +151,7 @@ class TileService:
         """
         if kind not in TILE_KINDS:
             raise InputError(f"kind: {kind!r} is not a tile kind; choose {', '.join(TILE_KINDS)}")
-        geometry = await asyncio.to_thread(self.geometry, source)
+        geometry = await self._opened(source, self.geometry, source)
         zmin = geometry.minzoom
         if self._turns is None:
             self._turns = asyncio.Semaphore(TILES_AT_ONCE)
@@ -137,7 +162,7 @@ class TileService:
                     f"zoom in to level >= {zmin - INPUT_ZOOMS_BELOW}"
                 )
             async with self._turns:
-                return await asyncio.to_thread(self._input_tile, source, geometry, z, x, y)
+                return await self._opened(source, self._input_tile, source, geometry, z, x, y)
         if not self.class_names():  # (confidence is a softmax over classes too)
             raise InputError(
                 f"kind: model {self._model.spec.name!r} gives no classes; ask for kind=input"
