@@ -26,6 +26,7 @@ class FakeHub:
         self.commit = COMMIT  # the X-Repo-Commit of every answer
         self.etags: dict[str, str] = {}  # a file's ETag instead of its Git blob id
         self.requests: list[tuple[str, str, str | None]] = []  # method, path, Authorization
+        self.drop = 0  # the first this many HEADs: the connection closed, no answer
         self.url = ""
 
     def etag(self, name: str) -> str:
@@ -47,6 +48,10 @@ def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
         def _answer(self, *, body: bool) -> None:
             path = unquote(urlsplit(self.path).path)
             hub.requests.append((self.command, path, self.headers.get("Authorization")))
+            if hub.drop > 0 and self.command == "HEAD":  # a connection error: a retry
+                hub.drop -= 1
+                self.close_connection = True
+                return
             repo = f"/{ORG}/{REPO}/resolve/"
             tree = f"/api/models/{ORG}/{REPO}/tree/"
             if path.startswith(repo):

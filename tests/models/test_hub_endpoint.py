@@ -87,6 +87,17 @@ def test_a_path_traversal_etag_is_refused_before_anything_is_written(hub, tmp_pa
     assert huggingface_hub.get_hf_file_metadata(url).etag == "../../../outside"
 
 
+def test_a_dropped_connection_fails_the_fetch_cleanly_and_writes_nothing(hub, tmp_path):
+    """A hostile endpoint that drops the metadata request, then would answer a path-traversal
+    ETag: the fetch fails with the cause named, and nothing is written anywhere."""
+    hub.drop = 1
+    hub.etags[FILE] = "../../../outside"
+    message = refusal(REF)
+    assert not (tmp_path / "outside").exists()
+    assert written(tmp_path) == []
+    assert message.startswith(f"{REF}: cannot fetch it (RemoteProtocolError")
+
+
 @pytest.mark.parametrize(
     ("commit", "weights", "escape"),
     [
