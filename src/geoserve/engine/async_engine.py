@@ -31,6 +31,7 @@ from geoserve.engine.admission import ImageInput
 from geoserve.engine.admission_pool import AdmissionPool, reaches_network
 from geoserve.engine.core import Engine
 from geoserve.engine.heap import trim_heap
+from geoserve.engine.ledger import MemoryLedger
 from geoserve.engine.limits import check_request
 from geoserve.engine.patch_cache import PatchKeys
 from geoserve.engine.request import Request
@@ -87,7 +88,9 @@ class AsyncEngine:
         self.max_queued_patches = max_queued_patches
         self.max_pixels = max_pixels
         self.max_memory = int(max_memory_mb * 1024 * 1024)
-        self._memory: dict[str, int] = {}
+        #: What the admitted requests hold, and what the server holds beside them (bodies,
+        #: answers: :meth:`MemoryLedger.hold`), against ``max_memory_mb``.
+        self.memory = MemoryLedger(self.max_memory)
         self._remaining = 0  # patches still to run, as the engine thread last counted
         self._last_trim = 0.0
         self.max_wait_s = max_wait_ms / 1000
@@ -118,8 +121,7 @@ class AsyncEngine:
     @property
     def reserved_memory(self) -> int:
         """Estimated bytes the admitted requests hold (:attr:`Request.memory_bytes`)."""
-        with self._lock:
-            return sum(self._memory.values())
+        return self.memory.total
 
     @property
     def in_flight(self) -> int:
@@ -161,7 +163,7 @@ class AsyncEngine:
         ``budget`` is the request's :class:`~geoserve.raster.budget.OpenBudget` (remote
         requests and bytes, as the server counted them so far), else one is made here; its
         ``max_pixels`` is this engine's unless set. ``held``: the key under which the server
-        holds this request's body (:meth:`hold`); once admitted, its own estimate replaces it.
+        holds this request's body (:attr:`memory`); once admitted, its estimate replaces it.
         """
         start = time.monotonic()
         if deadline is not None:
@@ -256,8 +258,6 @@ class AsyncEngine:
                 f"{what} = {pixels} pixels, over the limit of {self.max_pixels}"
             )
         n = len(req.ctx.grid)
-        need = req.memory_bytes
-        mb = 1024 * 1024
         check_request(req, None, self.max_memory)
         with self._lock:
             queued = sum(self._reserved.values())
@@ -266,50 +266,13 @@ class AsyncEngine:
                     f"queue full: {queued} patches pending, this request needs {n}, "
                     f"limit {self.max_queued_patches}; retry later"
                 )
-            held = sum(self._memory.values()) - self._memory.get(held_key or "", 0)
-            if held + need > self.max_memory:
-                raise QueueFullError(
-                    f"server busy: admitted requests hold about {held // mb} MB, this one "
-                    f"needs {need // mb} MB, limit {self.max_memory // mb} MB; retry later"
-                )
             self._reserved[req.request_id] = n
-            self._memory[req.request_id] = need
-            self._memory.pop(held_key or "", None)
-
-    def hold(self, key: str, nbytes: int, what: str, *, force: bool = False) -> None:
-        """Count memory the server holds outside the engine (a body, an answer) as admitted.
-
-        ``nbytes`` for ``key`` count against the memory bound, beside the admitted requests,
-        until :meth:`unhold`; called again for the same key, the count is replaced (a body
-        that grew). ``force``: count it whatever the bound (it is held already).
-
-        Raises:
-            PayloadTooLargeError: ``nbytes`` alone is over the bound.
-            QueueFullError: it does not fit beside what is held now (retry later).
-        """
-        mb = 1024 * 1024
-        if force:
+        try:
+            self.memory.hold(req.request_id, req.memory_bytes, "this one", replaces=held_key)
+        except BaseException:
             with self._lock:
-                self._memory[key] = nbytes
-            return
-        if nbytes > self.max_memory:
-            raise PayloadTooLargeError(
-                f"{what} needs about {nbytes // mb} MB, over the memory limit of "
-                f"{self.max_memory // mb} MB (--max-memory-mb)"
-            )
-        with self._lock:
-            held = sum(self._memory.values()) - self._memory.get(key, 0)
-            if held + nbytes > self.max_memory:
-                raise QueueFullError(
-                    f"server busy: it holds about {held // mb} MB, {what} needs "
-                    f"{nbytes // mb} MB more, limit {self.max_memory // mb} MB; retry later"
-                )
-            self._memory[key] = nbytes
-
-    def unhold(self, key: str) -> None:
-        """Stop counting what :meth:`hold` counted for ``key``."""
-        with self._lock:
-            self._memory.pop(key, None)
+                self._reserved.pop(req.request_id, None)
+            raise
 
     def abort(self, request_id: str) -> None:
         """Drop a request (from any thread); its future is cancelled."""
@@ -440,7 +403,7 @@ class AsyncEngine:
     def _release(self, request_id: str) -> None:
         with self._lock:
             self._reserved.pop(request_id, None)
-            self._memory.pop(request_id, None)
+        self.memory.release(request_id)
 
     def _resolve(self, result: ImageRequestOutput | TensorRequestOutput) -> None:
         self._release(result.request_id)

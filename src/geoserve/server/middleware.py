@@ -92,8 +92,9 @@ async def _send_json(
 class _Exchange:
     """Wraps one request's receive/send: counts body bytes, notes when the response starts.
 
-    With an engine (``ledger``), what the server holds for the request outside the engine is
-    counted against its memory bound: the body as it arrives (``factor`` times: a JSON body is
+    With an engine (``ledger``: its :class:`~geoserve.engine.ledger.MemoryLedger`), what the
+    server holds for the request outside the engine is counted against its memory bound: the
+    body as it arrives (``factor`` times: a JSON body is
     held as bytes and again as parsed text) until the request is admitted (its own estimate,
     which counts its upload, then takes over: ``scope["geoserve.held"]`` names the key), and
     each part of the answer while the client takes it. A body that does not fit fails the
@@ -131,11 +132,11 @@ class _Exchange:
         try:
             await self._send(message)
         finally:
-            self._ledger.unhold(self.key)
+            self._ledger.release(self.key)
 
     def release(self) -> None:
         if self._ledger is not None:
-            self._ledger.unhold(self.key)
+            self._ledger.release(self.key)
 
 
 class GuardMiddleware:
@@ -238,7 +239,9 @@ class GuardMiddleware:
             )
             return
         json_body = "json" in headers.get("content-type", "")
-        ex = _Exchange(receive, send, self.limit, self.state.get("engine"), 2 if json_body else 1)
+        engine = self.state.get("engine")
+        ledger = engine.memory if engine is not None else None
+        ex = _Exchange(receive, send, self.limit, ledger, 2 if json_body else 1)
         scope["geoserve.held"] = ex.key
         self.state["in_flight"] += 1
         try:
