@@ -45,7 +45,7 @@ from typing import Any
 import torch
 
 from bench.harness import throughput, timed
-from bench.host import NoOp, scene_links
+from bench.host import STAGES, NoOp, engine_run, scene_links
 from bench.models import SIX, register
 from bench.scenes import write_scene
 from geoserve import MODEL_REGISTRY, Engine
@@ -95,23 +95,15 @@ def model_only(engine: Engine, patches: int) -> float:
 def end_to_end(engine: Engine, scenes: Sequence[Path], out_dir: Path) -> dict[str, Any]:
     """One ``generate_image`` over ``scenes`` (one request each): rate and stage seconds."""
     sync(engine.device)
-    cpu0 = time.process_time()
-    if len(scenes) == 1:
-        wall, res = timed(lambda: [engine.generate_image(scenes[0], output_path=out_dir / "o.tif")])
-    else:
-        wall, res = timed(lambda: engine.generate_image(list(scenes), output_path=out_dir))
-    cpu = time.process_time() - cpu0
-    for r in res:
-        r.raise_for_error()
-    n = sum(r.num_patches for r in res)
-    stages = ("read", "model", "stitch", "write")
+    run = engine_run(engine, scenes, out_dir)
+    wall = run["wall"]
     return {
         "scenes": len(scenes),
-        "patches": n,
+        "patches": run["patches"],
         "seconds": round(wall, 3),
-        "patches_per_s": round(n / wall, 1),
-        "cpu_cores_busy": round(cpu / wall, 2),
-        "stages_s": {k: round(sum(getattr(r.timings, k) for r in res), 3) for k in stages},
+        "patches_per_s": round(run["patches"] / wall, 1),
+        "cpu_cores_busy": round(run["cpu"] / wall, 2),
+        "stages_s": {k: round(run[k], 3) for k in STAGES},
     }
 
 

@@ -37,14 +37,13 @@ from rasterio.windows import Window
 from torch import nn
 
 from bench.harness import cli, machine, machine_line, publish, timed, write_section
-from bench.models import MEAN, PATCH, SCALE, SIX, STD, STRIDE
+from bench.models import PATCH, SIX, STRIDE, bench_patcher
 from bench.scenes import synthetic_scene
 from geoserve import (
     INPUT_REGISTRY,
     MODEL_REGISTRY,
     OUTPUT_REGISTRY,
     Engine,
-    GeoTiffPatcher,
     SegmentationReassembler,
 )
 
@@ -68,15 +67,7 @@ class NoOp(nn.Module):
 def register_noop() -> str:
     """``bench-host-noop``: six bands, patch 224 / stride 192, cosine blend, two classes."""
     if MODEL not in MODEL_REGISTRY:
-        patcher = GeoTiffPatcher(
-            bands=SIX,
-            scale_factor=SCALE,
-            mean=MEAN,
-            std=STD,
-            patch_size=PATCH,
-            stride=STRIDE,
-            blend="cosine",
-        )
+        patcher = bench_patcher(SIX, blend="cosine")
         factory = OUTPUT_REGISTRY.register_output_processor(
             SegmentationReassembler(classes=("a", "b"))
         )(type("BenchHostNoOp", (NoOp,), {}))
@@ -127,6 +118,10 @@ def reader_rows(engine: Engine, path: Path, threads: int) -> tuple[float, int]:
 # -- the engine end to end -------------------------------------------------------------------
 
 
+#: The stage timings of ``ImageRequestOutput.timings`` a run sums.
+STAGES = ("read", "model", "stitch", "write")
+
+
 def engine_run(engine: Engine, paths: Sequence[Path], out_dir: Path) -> dict[str, Any]:
     """One ``generate_image`` over ``paths``: wall, CPU and stage seconds, patches."""
     cpu0 = time.process_time()
@@ -137,8 +132,7 @@ def engine_run(engine: Engine, paths: Sequence[Path], out_dir: Path) -> dict[str
     cpu = time.process_time() - cpu0
     for r in res:
         r.raise_for_error()
-    stages = {k: sum(getattr(r.timings, k) for r in res) for k in ("read", "model", "stitch")}
-    stages["write"] = sum(r.timings.write for r in res)
+    stages = {k: sum(getattr(r.timings, k) for r in res) for k in STAGES}
     return {"wall": wall, "cpu": cpu, "patches": sum(r.num_patches for r in res), **stages}
 
 

@@ -21,6 +21,7 @@ from geoserve import (
     GeoTiffPatcher,
     SegmentationReassembler,
 )
+from geoserve.raster.grid import BlendMode
 
 F = TypeVar("F", bound=Callable[..., nn.Module])
 
@@ -32,8 +33,9 @@ SCALE, MEAN, STD = 1e-4, (0.1,) * 6, (0.05,) * 6
 PATCH, STRIDE = 224, 192
 
 
-def bench_patcher(bands: tuple[int, ...]) -> GeoTiffPatcher:
-    """Six bands, reflectance-scaled and normalised, 224 px patches at stride 192, centre crop."""
+def bench_patcher(bands: tuple[int, ...], blend: BlendMode = "center") -> GeoTiffPatcher:
+    """Six bands, reflectance-scaled and normalised, 224 px patches at stride 192 (``blend``:
+    centre crop by default)."""
     return GeoTiffPatcher(
         bands=bands,
         scale_factor=SCALE,
@@ -41,7 +43,7 @@ def bench_patcher(bands: tuple[int, ...]) -> GeoTiffPatcher:
         std=STD,
         patch_size=PATCH,
         stride=STRIDE,
-        blend="center",
+        blend=blend,
     )
 
 

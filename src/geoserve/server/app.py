@@ -60,6 +60,7 @@ from geoserve.server.gather import (
 from geoserve.server.maps import MapRoutes
 from geoserve.server.metrics import Metrics
 from geoserve.server.middleware import GuardMiddleware, unless_disconnected
+from geoserve.server.model_entry import model_entry
 from geoserve.server.settings import ServerSettings
 
 logger = logging.getLogger("geoserve.server")
@@ -318,51 +319,7 @@ class _Service:
 
     async def models(self) -> dict[str, Any]:
         """GET /v1/models: the served model and its processors."""
-        eng = self.state["engine"]
-        entry: dict[str, Any] = {
-            "id": self.settings.model,
-            "object": "model",
-            "owned_by": "geoserve",
-            "ready": eng is not None,
-        }
-        if eng is not None:
-            inp, out = eng.engine.in_proc, eng.engine.out_proc
-            entry["input"] = {
-                "bands": list(getattr(inp, "bands", None) or []) or None,
-                "patch_size": inp.patch_size,
-                "stride": inp.stride,
-                "blend": inp.blend,
-                "num_frames": inp.num_frames,
-            }
-            modalities = getattr(inp, "modalities", None)
-            if modalities:  # a multimodal model: what each key of "data" may be
-                entry["input"]["modalities"] = [
-                    {
-                        "name": m.name,
-                        "bands": list(m.bands) if m.bands is not None else None,
-                        "required": m.required,
-                        "resampling": m.resampling,
-                        "num_frames": m.num_frames,
-                    }
-                    for m in modalities
-                ]
-                entry["input"]["reference"] = getattr(inp, "reference", None)
-            entry["output"] = {
-                "kind": out.kind,
-                "kinds": [getattr(p, "kind", "raw") for p in eng.engine.out_procs],
-                "available_kinds": list(eng.engine.kinds_offered()),
-                "classes": list(getattr(out, "classes", ())),
-                "colors": [list(c) for c in getattr(out, "colors", None) or ()],
-            }
-            cfg = eng.engine.config
-            entry["runtime"] = {  # how it runs: the speed options, and which were validated
-                "device": str(eng.engine.device),
-                "dtype": cfg.dtype,
-                "quantize": cfg.quantize,
-                "compile": cfg.compile,
-                "validated": list(eng.engine.spec.validated),
-            }
-        return {"object": "list", "data": [entry]}
+        return {"object": "list", "data": [model_entry(self.settings.model, self.state["engine"])]}
 
     def crashed(self) -> BaseException | None:
         """Why the engine loop stopped, if it did (never expected: every request fails alone)."""
