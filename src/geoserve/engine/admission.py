@@ -246,6 +246,7 @@ class Admission:
             sink=sinks[0],
             reader=self._reader,
             prefetch_rows=self.config.prefetch_rows,
+            parallel_rows=min(self.config.prefetch_rows, self.read_workers),
             cut_on=self.device if self.preprocess == "device" else None,
             stitch_on=self._stitch_device(procs),
             priority=priority,

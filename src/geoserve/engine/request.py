@@ -100,6 +100,7 @@ class Request:
     error: GeoServeError | None = None
     reader: Executor | None = None
     prefetch_rows: int = 2
+    parallel_rows: int = 1  # rows of this request read at once (their cuts overlap)
     cut_on: torch.device | None = None
     stitch_on: torch.device | None = None
     priority: int = 0
@@ -124,13 +125,19 @@ class Request:
         if self.token_size and any(p.kind == "embeddings" for p in self.products()):
             self.token_canvas = Canvas(token_grid(self.ctx.grid, self.token_size), self.stitch_on)
         self._rows = RowPrefetcher(
-            self._read_row, self.ctx.grid.rows, self.reader, self.prefetch_rows
+            self._fetch_row,
+            self.ctx.grid.rows,
+            self.reader,
+            self.prefetch_rows,
+            cut=self._cut_row,
+            parallel=self.parallel_rows,
         )
 
-    def _read_row(self, row: int) -> PatchRow:
-        if self.cut_on is not None:
-            return self.in_proc.read_row_on(self.sources, self.ctx, row, self.cut_on)
-        return self.in_proc.read_row(self.sources, self.ctx, row)
+    def _fetch_row(self, row: int) -> Any:
+        return self.in_proc.fetch_row(self.sources, self.ctx, row, self.cut_on)
+
+    def _cut_row(self, row: int, fetched: Any) -> PatchRow:
+        return self.in_proc.cut_row(fetched, self.ctx, row, self.cut_on)
 
     def start_reading(self) -> None:
         """Start reading rows ahead on the engine's reader pool (called on admission)."""

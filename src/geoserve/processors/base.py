@@ -210,6 +210,36 @@ class InputProcessor(ABC, Configurable):
         """
         return self.read_row(sources, ctx, row)
 
+    def fetch_row(
+        self,
+        sources: Sequence[RasterSource],
+        ctx: RasterContext,
+        row: int,
+        device: torch.device | None = None,
+    ) -> Any:
+        """The part of reading grid row ``row`` that touches the sources (see :meth:`cut_row`).
+
+        The engine calls it for a request's rows one at a time, in row order (sources are not
+        thread-safe, and they cache decoded blocks between neighbouring rows), then
+        :meth:`cut_row` on what it returned, on the same thread; the cuts of several rows of
+        one request may run at once on different threads. So what it returns must not refer
+        to the sources' buffers (:meth:`RasterSource.read_rows` returns a view valid until the
+        next read). ``device``: as :meth:`read_row_on` (None: on the host).
+
+        By default it is the whole of :meth:`read_row` (or :meth:`read_row_on`), and
+        :meth:`cut_row` hands it on; a processor whose cutting is costly splits the two.
+        """
+        if device is None:
+            return self.read_row(sources, ctx, row)
+        return self.read_row_on(sources, ctx, row, device)
+
+    def cut_row(
+        self, fetched: Any, ctx: RasterContext, row: int, device: torch.device | None = None
+    ) -> PatchRow:
+        """The patches of grid row ``row`` from what :meth:`fetch_row` gave (by default, them)."""
+        patches: PatchRow = fetched
+        return patches
+
     def for_tensors(self) -> InputProcessor:
         """The processor for already-normalised tensors (:meth:`Engine.transform`).
 

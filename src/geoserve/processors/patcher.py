@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -224,16 +224,7 @@ class GeoTiffPatcher(InputProcessor):
         The patches are strided views into one normalised band of rows (no per-patch copies:
         overlapping patches share memory); batching copies them once, into the batch.
         """
-        grid = ctx.grid
-        band = self.read_band(sources, ctx, row)
-        data = self.normalize(band.raw)
-        if band.invalid is not None:
-            data[..., band.invalid] = self.fill
-        windows = sliding_window_view(data, grid.patch_size, axis=-1)[..., :: grid.stride, :]
-        patches = np.moveaxis(windows, -2, 0)  # (cols, C, [T,] P, P), a view
-        if len(band.cols) < grid.cols:
-            patches = patches[list(band.cols)]
-        return PatchRow(row=row, cols=band.cols, patches=patches, core_valid=band.core_valid)
+        return self.cut_row(self.fetch_row(sources, ctx, row), ctx, row)
 
     def read_row_on(
         self,
@@ -245,12 +236,49 @@ class GeoTiffPatcher(InputProcessor):
         """Like :meth:`read_row`, but the cast, normalisation and cutting run in torch.
 
         The raw band (uint16 for most scenes, half the bytes of float32) is copied to
-        ``device`` once, from pinned memory on CUDA, and the patches stay there for the model.
+        ``device`` once, from pinned memory on CUDA (the rows are put straight into pinned
+        memory, reflected edges included), and the patches stay there for the model.
 
         Gives the same values as :meth:`read_row` (the same float32 operations in the same
         order; the tests compare them bit for bit on CPU tensors).
         """
-        band = self.read_band(sources, ctx, row)
+        return self.cut_row(self.fetch_row(sources, ctx, row, device), ctx, row, device)
+
+    def fetch_row(
+        self,
+        sources: Sequence[RasterSource],
+        ctx: RasterContext,
+        row: int,
+        device: torch.device | None = None,
+    ) -> NDArray[Any]:
+        """The raw rows under grid row ``row`` (:meth:`fetch_raw`); pinned for a CUDA device."""
+        cuda = device is not None and device.type == "cuda"
+        return self.fetch_raw(sources, ctx, row, _pinned if cuda else np.empty)
+
+    def cut_row(
+        self,
+        fetched: NDArray[Any],
+        ctx: RasterContext,
+        row: int,
+        device: torch.device | None = None,
+    ) -> PatchRow:
+        """Normalise and cut the raw rows :meth:`fetch_row` gave (in torch on ``device``)."""
+        band = self.band_of(fetched, ctx, row)
+        if device is not None:
+            return self._cut_torch(band, ctx, row, device)
+        grid = ctx.grid
+        data = self.normalize(band.raw)
+        if band.invalid is not None:
+            data[..., band.invalid] = self.fill
+        windows = sliding_window_view(data, grid.patch_size, axis=-1)[..., :: grid.stride, :]
+        patches = np.moveaxis(windows, -2, 0)  # (cols, C, [T,] P, P), a view
+        if len(band.cols) < grid.cols:
+            patches = patches[list(band.cols)]
+        return PatchRow(row=row, cols=band.cols, patches=patches, core_valid=band.core_valid)
+
+    def _cut_torch(
+        self, band: RawBand, ctx: RasterContext, row: int, device: torch.device
+    ) -> PatchRow:
         if device.type != "cuda":
             patches = self._cut_on(band, ctx, device)
         else:
@@ -265,7 +293,7 @@ class GeoTiffPatcher(InputProcessor):
 
     def _cut_on(self, band: RawBand, ctx: RasterContext, device: torch.device) -> torch.Tensor:
         raw = torch.from_numpy(np.ascontiguousarray(band.raw))
-        if device.type == "cuda":
+        if device.type == "cuda" and not raw.is_pinned():  # (fetch_row pins what it can)
             raw = raw.pin_memory()
         x = raw.to(device, non_blocking=True).to(torch.float32)
         if self.scale_factor != 1.0:
@@ -289,42 +317,65 @@ class GeoTiffPatcher(InputProcessor):
 
         Rows and columns past the image edges are reflected (see :func:`reflect_indices`).
         """
+        return self.band_of(self.fetch_raw(sources, ctx, row), ctx, row)
+
+    def fetch_raw(
+        self,
+        sources: Sequence[RasterSource],
+        ctx: RasterContext,
+        row: int,
+        alloc: Callable[[tuple[int, ...], np.dtype[Any]], NDArray[Any]] = np.empty,
+    ) -> NDArray[Any]:
+        """The raw rows under grid row ``row``, every date, reflected past the image edges.
+
+        (C, P, Wp), or (C, T, P, Wp) for T dates (see :attr:`RawBand.raw`), in the inputs'
+        dtype, in an array from ``alloc(shape, dtype)`` (e.g. pinned memory to upload from):
+        the one part of reading a row that touches the sources. The rows come from each
+        source's row buffer and the reflected edges are put in place by slice assignment (no
+        index arrays, no concatenation), so the result is the request's own copy, whatever
+        the sources do next.
+        """
         grid = ctx.grid
-        r0, _ = grid.origin(row, 0)
+        r0, c0 = grid.origin(row, 0)
         rows = reflect_indices(r0, grid.patch_size, grid.height)
-        lo, hi = int(rows.min()), int(rows.max()) + 1
-        nodata = ctx.profile.get("nodata")
-        stacks, masks = [], []
-        for src in sources:
-            raw = _take(src.read_rows(lo, hi, ctx.bands), rows - lo, axis=1)
-            masks.append(_invalid(raw, nodata))
-            stacks.append(raw)
-        data = stacks[0] if self.num_frames == 1 else np.stack(stacks, axis=1)
-        # the columns under all patches of the row, reflected past the edges: a view when the
-        # patches stay inside the image
         span = (grid.cols - 1) * grid.stride + grid.patch_size
-        col_idx = reflect_indices(grid.origin(row, 0)[1], span, grid.width)
-        data = _take(data, col_idx, axis=-1)
+        lo, hi = int(rows.min()), int(rows.max()) + 1
+        row_runs = _runs(rows - lo)
+        col_runs = _runs(reflect_indices(c0, span, grid.width))
+        parts = [src.read_rows(lo, hi, ctx.bands) for src in sources]  # (own buffers each)
+        shape: tuple[int, ...] = (parts[0].shape[0], grid.patch_size, span)
+        if self.num_frames > 1:
+            shape = (shape[0], len(parts), *shape[1:])
+        out = alloc(shape, np.result_type(*parts))
+        for t, part in enumerate(parts):
+            dst = out[:, t] if self.num_frames > 1 else out
+            for rd, rs in row_runs:
+                for cd, cs in col_runs:
+                    dst[:, rd, cd] = part[:, rs, cs]
+        return out
+
+    def band_of(self, raw: NDArray[Any], ctx: RasterContext, row: int) -> RawBand:
+        """:meth:`read_band` of the raw rows :meth:`fetch_raw` gave: invalid pixels, columns."""
+        grid = ctx.grid
         cols = tuple(range(grid.cols))
-        bad = _stacked(masks, stacks[0].shape)  # like data before the column take, or None
+        nodata = ctx.profile.get("nodata")
+        bad = _invalid(raw, nodata)  # like raw, or None
         if bad is None:
-            return RawBand(raw=data, invalid=None, cols=cols, core_valid=None)
+            return RawBand(raw=raw, invalid=None, cols=cols, core_valid=None)
         # an invalid pixel: nodata in any band (and date), or with per_band_nodata in all
         lead = tuple(range(bad.ndim - 2))
         invalid = np.asarray(bad.all(lead) if self.per_band_nodata else bad.any(lead))
-        to_fill = _take(bad if self.per_band_nodata else invalid, col_idx, axis=-1)
+        to_fill = bad if self.per_band_nodata else invalid
         core_valid = None
         if invalid.any():
-            wide_invalid = _take(invalid, col_idx, axis=-1)
             # nothing valid to predict: skip the model for that patch
-            cols = tuple(
-                c
-                for c in cols
-                if not wide_invalid[:, c * grid.stride : c * grid.stride + grid.patch_size].all()
-            )
+            s, p = grid.stride, grid.patch_size
+            cols = tuple(c for c in cols if not invalid[:, c * s : c * s + p].all())
+            # the image's own columns start where the first patch's margin ends
+            m = -grid.origin(row, 0)[1]
             core_h = grid.core_window(row, 0).height
-            core_valid = ~invalid[grid.margin : grid.margin + core_h]
-        return RawBand(raw=data, invalid=to_fill, cols=cols, core_valid=core_valid)
+            core_valid = ~invalid[grid.margin : grid.margin + core_h, m : m + grid.width]
+        return RawBand(raw=raw, invalid=to_fill, cols=cols, core_valid=core_valid)
 
     def normalize(self, raw: NDArray[Any]) -> NDArray[np.float32]:
         """(raw * scale_factor - mean) / std, per band (the first axis), in float32."""
@@ -361,6 +412,19 @@ class GeoTiffPatcher(InputProcessor):
         return RasterArray(data, profile, name="<dummy>")
 
 
+def _pinned(shape: tuple[int, ...], dtype: np.dtype[Any]) -> NDArray[Any]:
+    """An empty array in pinned (page-locked) host memory, from torch's caching allocator.
+
+    Falls back to pageable memory for a dtype torch cannot hold.
+    """
+    try:
+        like = torch.from_numpy(np.empty(0, dtype=dtype))
+    except TypeError:
+        return np.empty(shape, dtype=dtype)
+    pinned: NDArray[Any] = torch.empty(shape, dtype=like.dtype, pin_memory=True).numpy()
+    return pinned
+
+
 _streams = threading.local()
 
 
@@ -375,18 +439,31 @@ def _reader_stream(device: torch.device) -> torch.cuda.Stream:
     return stream
 
 
-def _take(arr: NDArray[Any], idx: NDArray[np.intp], axis: int) -> NDArray[Any]:
-    """``arr`` indexed by ``idx`` along ``axis``: a view when ``idx`` is a plain range."""
-    if idx[-1] - idx[0] == len(idx) - 1 and (np.diff(idx) == 1).all():
-        index: list[Any] = [slice(None)] * arr.ndim
-        index[axis] = slice(int(idx[0]), int(idx[-1]) + 1)
-        view: NDArray[Any] = arr[tuple(index)]
-        return view
-    return np.take(arr, idx, axis=axis)
+def _runs(idx: NDArray[np.intp]) -> list[tuple[slice, slice]]:
+    """``idx`` as (destination, source) slice pairs: runs of consecutive indices, up or down.
+
+    ``a[..., idx]`` equals the pieces ``a[..., src]`` placed at ``dst``; a reflected edge is a
+    run going down (step -1), so a row's reflection takes a few slice copies, not a gather.
+    """
+    runs: list[tuple[slice, slice]] = []
+    start = 0
+    n = len(idx)
+    while start < n:
+        step = int(idx[start + 1] - idx[start]) if start + 1 < n else 1
+        if step not in (1, -1):
+            step = 1
+        stop = start + 1
+        while stop < n and idx[stop] - idx[stop - 1] == step:
+            stop += 1
+        first, last = int(idx[start]), int(idx[stop - 1])
+        src = slice(first, last + 1) if step == 1 else slice(first, last - 1 if last else None, -1)
+        runs.append((slice(start, stop), src))
+        start = stop
+    return runs
 
 
 def _invalid(raw: NDArray[Any], nodata: float | None) -> NDArray[np.bool_] | None:
-    """(bands, rows, width) mask of values that are nodata, NaN or ±inf; None if none are."""
+    """Mask, like ``raw``, of values that are nodata, NaN or ±inf; None if none are."""
     bad = None
     if raw.dtype.kind == "f":
         bad = ~np.isfinite(raw)
@@ -396,21 +473,6 @@ def _invalid(raw: NDArray[Any], nodata: float | None) -> NDArray[np.bool_] | Non
         eq = raw == nodata
         bad = eq if bad is None else bad | eq
     return bad if bad is not None and bad.any() else None
-
-
-def _stacked(
-    masks: Sequence[NDArray[np.bool_] | None], shape: tuple[int, ...]
-) -> NDArray[np.bool_] | None:
-    """The dates' (bands, rows, width) masks as one, stacked like the dates; None if none.
-
-    ``shape`` is one date's; several dates stack on axis 1, as their data does.
-    """
-    if all(m is None for m in masks):
-        return None
-    if len(masks) == 1:
-        return masks[0]
-    empty = np.zeros(shape, dtype=bool)
-    return np.stack([empty if m is None else m for m in masks], axis=1)
 
 
 def _check_same_grid(first: RasterInfo, others: Sequence[RasterInfo]) -> None:

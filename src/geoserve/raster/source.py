@@ -9,7 +9,10 @@ memory proportional to the scene's width, not its area.
 Files are read in bands aligned to their internal blocks (tiles or strips) and the decoded rows
 are kept until the reader moves past them: neighbouring patch rows overlap and straddle block
 boundaries, and without the cache every compressed block would be decoded two or three times.
-GDAL decodes the blocks of one band on ``threads`` threads (its ``NUM_THREADS`` open option).
+The kept rows live in a rolling row buffer that GDAL decodes into (``out=``): moving down the
+image copies only the rows still needed to the buffer's top, never the whole cache, and no
+array is allocated per read. GDAL decodes the blocks of one band on ``threads`` threads (its
+``NUM_THREADS`` open option).
 
 Bytes go through rasterio's ``MemoryFile``; no temporary files.
 """
@@ -171,7 +174,10 @@ class DatasetSource(RasterSource):
         formats: Sequence[str] = DEFAULT_INPUT_FORMATS,
     ) -> None:
         self._memfile: MemoryFile | None = None
-        self._cache: NDArray[Any] | None = None
+        # the rolling row buffer: rows [_cache_start, _cache_start + _cache_rows) of the bands
+        # _cache_bands, in _buffers[0]; _buffers[1] is where they move when the reader moves on
+        self._buffers: list[NDArray[Any]] = []
+        self._cache_rows = 0
         self._cache_start = 0
         self._cache_bands: tuple[int, ...] = ()
         self.rows_decoded = 0  # rows read from the file (for tests: each block once)
@@ -242,29 +248,51 @@ class DatasetSource(RasterSource):
         return self._ds
 
     def read_rows(self, row_start: int, row_stop: int, bands: Sequence[int]) -> NDArray[Any]:
-        """See :meth:`RasterSource.read_rows`; rows come from the block cache.
+        """See :meth:`RasterSource.read_rows`; rows come from the rolling row buffer.
 
-        The returned array may be a view of the cache: callers must not modify it.
+        The returned array is a view of that buffer: it stays valid only until the next
+        ``read_rows`` of this source, and callers must not modify it (copy what you keep).
         """
         key = tuple(bands)
-        cache = self._cache
-        if cache is None or key != self._cache_bands or row_start < self._cache_start:
-            cache, self._cache_bands = None, key  # a new band selection, or reading backwards
+        cached = range(self._cache_start, self._cache_start + self._cache_rows)
+        if not self._buffers or key != self._cache_bands or row_start not in cached:
+            # new bands, reading backwards or past every cached row: start afresh
+            self._cache_bands, self._cache_rows = key, 0
             self._cache_start = row_start - row_start % self._block_rows
-        else:  # forget the rows above this read: reads only move down the image
+        elif row_start > self._cache_start:  # forget the rows above: reads only move down
             drop = row_start - self._cache_start
-            cache = cache[:, drop:]
+            keep = self._cache_rows - drop
+            if keep:  # the rows still needed go to the top of the other buffer
+                src, dst = self._buffers
+                dst[: len(key), :keep] = src[: len(key), drop : drop + keep]
+                self._buffers.reverse()
             self._cache_start += drop
-        have = self._cache_start + (0 if cache is None else cache.shape[1])
+            self._cache_rows = keep
+        have = self._cache_start + self._cache_rows
         if row_stop > have:
             stop = min(self.info.height, -(-row_stop // self._block_rows) * self._block_rows)
-            fresh = self._read(have, stop, key)
-            cache = (
-                fresh if cache is None or not cache.shape[1] else np.concatenate((cache, fresh), 1)
+            rows = stop - self._cache_start
+            self._reserve(len(key), rows)
+            self._read(
+                have, stop, key, self._buffers[0][: len(key), have - self._cache_start : rows]
             )
-        self._cache = cache
-        assert cache is not None
-        return cache[:, row_start - self._cache_start : row_stop - self._cache_start]
+            self._cache_rows = rows
+        lo = row_start - self._cache_start
+        return self._buffers[0][: len(key), lo : row_stop - self._cache_start]
+
+    def _reserve(self, bands: int, rows: int) -> None:
+        """Make both row buffers hold ``rows`` rows of ``bands`` bands, keeping the cached rows."""
+        if self._buffers:
+            have_bands, have_rows = self._buffers[0].shape[:2]
+            if have_bands >= bands and have_rows >= rows:
+                return
+            bands, rows = max(bands, have_bands), max(rows, have_rows)
+        shape = (bands, rows, self.info.width)
+        grown = [np.empty(shape, dtype=self.info.dtype) for _ in range(2)]
+        if self._buffers and self._cache_rows:
+            old = self._buffers[0]
+            grown[0][: old.shape[0], : self._cache_rows] = old[:, : self._cache_rows]
+        self._buffers = grown
 
     def restrict(self, window: Window, name: str) -> None:
         """From now on, the source is ``window`` of the file (its grid, its rows), named ``name``.
@@ -297,20 +325,20 @@ class DatasetSource(RasterSource):
             profile=profile,
             block_bytes=self.info.block_bytes * touched // ds.width,
         )
-        self._cache = None
+        self._buffers, self._cache_rows = [], 0
 
-    def _read(self, row_start: int, row_stop: int, bands: Sequence[int]) -> NDArray[Any]:
+    def _read(self, row_start: int, row_stop: int, bands: Sequence[int], out: NDArray[Any]) -> None:
+        """Decode rows ``[row_start, row_stop)`` of ``bands`` into ``out``."""
         col, row = self._offset
         window = Window(col, row + row_start, self.info.width, row_stop - row_start)
         try:
-            out: NDArray[Any] = self._ds.read([b + 1 for b in bands], window=window)
+            self._ds.read([b + 1 for b in bands], window=window, out=out)
         except RasterioError as exc:
             raise RasterReadError(
                 f"{self.info.name}: cannot read rows {row_start}-{row_stop} ({exc}); "
                 "the file may be truncated or corrupt"
             ) from exc
         self.rows_decoded += row_stop - row_start
-        return out
 
     def close(self) -> None:
         """Close the dataset and its memory file."""
