@@ -33,17 +33,34 @@ OUT_FORMATS: tuple[str, ...] = get_args(OutFormat)
 
 @dataclass
 class StageTimings:
-    """Seconds spent on one request in each stage (model time is its share of each batch)."""
+    """Seconds spent on one request, by stage and by thread.
+
+    On the engine's main thread: ``read`` (waiting for the request's rows from the reader
+    threads), ``model`` (its share of each forward call; on a GPU that is the asynchronous
+    launch), ``device_wait`` (its share of the time the main thread blocked on the device:
+    copying results back), ``stitch`` (placing output patches in its canvas). Elsewhere:
+    ``read_busy`` (reader threads fetching, decoding and cutting its rows, summed over the
+    threads), ``device`` (its share of the forwards' time on a CUDA device, from CUDA events;
+    0 on a CPU), ``finalize`` (the writer turning finished rows into output values: argmax,
+    softmax ...) and ``write`` (writing and committing its outputs).
+    """
 
     read: float = 0.0
     model: float = 0.0
     stitch: float = 0.0
     write: float = 0.0
+    read_busy: float = 0.0
+    device: float = 0.0
+    device_wait: float = 0.0
+    finalize: float = 0.0
+
+    #: Every field, in the order above (the server's metrics label stages by these names).
+    STAGES = ("read", "model", "stitch", "write", "read_busy", "device", "device_wait", "finalize")
 
     @property
     def total(self) -> float:
-        """Sum of the stages."""
-        return self.read + self.model + self.stitch + self.write
+        """The request's time on the main and writer threads (not the overlapping reads)."""
+        return self.read + self.model + self.device_wait + self.stitch + self.finalize + self.write
 
 
 @dataclass

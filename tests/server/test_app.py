@@ -52,12 +52,20 @@ def test_multipart_upload_returns_geotiff_equal_to_offline(client, data_dir):
     assert resp.status_code == 200, resp.text
     assert resp.headers["content-type"] == "image/tiff"
     assert resp.headers["x-request-id"].startswith("geo-")
-    assert set(json.loads(resp.headers["x-geoserve-timings"])) == {
+    timings = json.loads(resp.headers["x-geoserve-timings"])
+    assert set(timings) == {
         "read",
         "model",
         "stitch",
         "write",
+        "read_busy",
+        "device",
+        "device_wait",
+        "finalize",
     }
+    assert timings["read_busy"] > 0  # the readers
+    assert timings["finalize"] > 0  # and the writer
+    assert timings["device"] == 0  # no CUDA device
     data, profile = decode(resp.content)
     np.testing.assert_array_equal(data, offline(path))
     _, src = read(path)
@@ -295,6 +303,8 @@ def test_metrics_exposes_geoserve_series(client, data_dir):
     assert 'stage="model"' in text
     assert 'stage="read"' in text
     assert 'stage="write"' in text
+    for stage in ("read_busy", "device", "device_wait", "finalize"):
+        assert f'stage="{stage}"' in text, stage
 
 
 def test_url_input_from_an_allowed_host(client, data_dir):

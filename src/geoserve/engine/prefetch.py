@@ -20,6 +20,7 @@ numpy's casts release the GIL.
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from concurrent import futures
@@ -68,6 +69,7 @@ class RowPrefetcher(Generic[T]):
         self._ahead: deque[tuple[Future[None], Future[T]]] = deque()  # (pool task, its row)
         self._running = 0  # rows submitted and not yet read (or cancelled)
         self._closed = False
+        self._busy = 0.0  # seconds spent fetching and cutting, summed over threads
 
     def start(self) -> None:
         """Begin reading ahead (the engine calls this when the request is admitted)."""
@@ -95,17 +97,30 @@ class RowPrefetcher(Generic[T]):
                 self._lock.wait()
             if self._closed:
                 raise RowsStopped(f"row {row} was not read")
+        t0 = time.perf_counter()
         try:
             fetched = self._fetch(row)
         except BaseException:
             with self._lock:
                 self._closed = True  # read no further rows of a broken input
+                self._busy += time.perf_counter() - t0
                 self._lock.notify_all()
             raise
         with self._lock:
             self._turn = row + 1
             self._lock.notify_all()
-        return self._cut(row, fetched)
+        try:
+            return self._cut(row, fetched)
+        finally:
+            t2 = time.perf_counter()
+            with self._lock:
+                self._busy += t2 - t0
+
+    @property
+    def busy_seconds(self) -> float:
+        """Seconds spent reading rows so far (fetching and cutting), summed over threads."""
+        with self._lock:
+            return self._busy
 
     def _task(self, row: int, out: Future[T]) -> None:
         try:

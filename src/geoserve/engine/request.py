@@ -368,7 +368,7 @@ class Request:
             raster = make(band)
             t1 = time.perf_counter()
             sink.write(band.row, raster)
-            self.timings.stitch += t1 - t0
+            self.timings.finalize += t1 - t0
             self.timings.write += time.perf_counter() - t1
 
     def _finalize(self, proc: OutputProcessor, band: RowBand) -> OutputRaster:
@@ -394,6 +394,7 @@ class Request:
         """
         if by_kind is None:
             by_kind = {output.kind or "": output} if output is not None else {}
+        self.timings.read_busy = self._rows.busy_seconds
         return ImageRequestOutput(
             self.request_id, True, output, error, self.num_patches, self.timings, by_kind
         )

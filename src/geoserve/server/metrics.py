@@ -83,7 +83,7 @@ class Metrics:
 
     def observe_stages(self, timings: StageTimings) -> None:
         """Record a finished request's stage times."""
-        for stage in ("read", "model", "stitch", "write"):
+        for stage in StageTimings.STAGES:
             self.stage.labels(stage=stage).observe(getattr(timings, stage))
 
     def render(self) -> bytes:
