@@ -379,10 +379,11 @@ class GeoTiffPatcher(InputProcessor):
 
     def normalize(self, raw: NDArray[Any]) -> NDArray[np.float32]:
         """(raw * scale_factor - mean) / std, per band (the first axis), in float32."""
-        x = raw.astype(np.float32)
-        shape = (-1,) + (1,) * (x.ndim - 1)  # per band, for (C, rows, W) and (C, T, rows, W)
-        if self.scale_factor != 1.0:
-            x *= np.float32(self.scale_factor)
+        shape = (-1,) + (1,) * (raw.ndim - 1)  # per band, for (C, rows, W) and (C, T, rows, W)
+        if self.scale_factor != 1.0:  # the cast and the scaling in one pass (the same values)
+            x = np.multiply(raw, np.float32(self.scale_factor), dtype=np.float32, casting="unsafe")
+        else:
+            x = raw.astype(np.float32)
         if self.mean is not None:
             x -= np.asarray(self.mean, dtype=np.float32).reshape(shape)
         if self.std is not None:
