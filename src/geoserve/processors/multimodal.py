@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import torch
 from numpy.lib.stride_tricks import sliding_window_view
 from numpy.typing import NDArray
 
@@ -301,6 +302,34 @@ class MultimodalPatcher(InputProcessor):
 
     def read_row(self, sources: Sequence[RasterSource], ctx: RasterContext, row: int) -> PatchRow:
         """Read grid row ``row`` of every modality and cut it into one dict of patches."""
+        return self.cut_row(self.fetch_row(sources, ctx, row), ctx, row)
+
+    def fetch_row(
+        self,
+        sources: Sequence[RasterSource],
+        ctx: RasterContext,
+        row: int,
+        device: torch.device | None = None,
+    ) -> list[NDArray[Any]]:
+        """Each modality's raw rows under grid row ``row`` (see :meth:`GeoTiffPatcher.fetch_raw`).
+
+        Multimodal patches are cut on the host (``device`` is not used).
+        """
+        return [
+            self._parts[self.names.index(plan.name)].fetch_raw(
+                sources[plan.start : plan.stop], plan.ctx, row
+            )
+            for plan in ctx.modalities
+        ]
+
+    def cut_row(
+        self,
+        fetched: list[NDArray[Any]],
+        ctx: RasterContext,
+        row: int,
+        device: torch.device | None = None,
+    ) -> PatchRow:
+        """Normalise and cut each modality's raw rows into one dict of patches (on the host)."""
         grid = ctx.grid
         p, s = grid.patch_size, grid.stride
         required = {m.name for m in self.modalities if m.required}
@@ -310,9 +339,9 @@ class MultimodalPatcher(InputProcessor):
         any_required = any(plan.name in required for plan in ctx.modalities)
         core_h = grid.core_window(row, 0).height
         span = (grid.cols - 1) * s + p
-        for plan in ctx.modalities:
+        for plan, raw in zip(ctx.modalities, fetched, strict=True):
             part = self._parts[self.names.index(plan.name)]
-            band = part.read_band(sources[plan.start : plan.stop], plan.ctx, row)
+            band = part.band_of(raw, plan.ctx, row)
             data = part.normalize(band.raw)
             if band.invalid is not None:
                 data[..., band.invalid] = part.fill

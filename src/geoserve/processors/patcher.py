@@ -26,30 +26,11 @@ from numpy.typing import NDArray
 
 from geoserve.errors import BandMismatchError, ConfigError, InputError, count
 from geoserve.processors.base import InputProcessor, PatchRow, RasterContext
+from geoserve.processors.row_band import RawBand, band_of, fetch_raw, pinned
 from geoserve.raster.bands import resolve_bands
 from geoserve.raster.coords import acquisition_date, centre_lonlat, year_doy
-from geoserve.raster.grid import BlendMode, PatchGrid, check_tiling, reflect_indices
+from geoserve.raster.grid import BlendMode, PatchGrid, check_tiling
 from geoserve.raster.source import RasterArray, RasterInfo, RasterSource
-
-
-@dataclass(frozen=True)
-class RawBand:
-    """The raw input under one grid row, before normalisation.
-
-    Attributes:
-        raw: (C, P, Wp), or (C, T, P, Wp) for T dates, in the file's dtype: the rows under the
-            grid row and the columns under all its patches, ``Wp = (cols - 1) * S + P`` wide,
-            reflected past the image edges. Patch ``c`` is columns ``[c*S, c*S + P)``.
-        invalid: What to fill: (P, Wp) nodata/NaN pixels, or with ``per_band_nodata`` the
-            values themselves, shaped like ``raw``; ``None`` when there are none.
-        cols: Grid columns of the patches to cut (all-nodata ones are left out).
-        core_valid: As :attr:`PatchRow.core_valid`.
-    """
-
-    raw: NDArray[Any]
-    invalid: NDArray[np.bool_] | None
-    cols: tuple[int, ...]
-    core_valid: NDArray[np.bool_] | None
 
 
 @dataclass(frozen=True)
@@ -253,7 +234,7 @@ class GeoTiffPatcher(InputProcessor):
     ) -> NDArray[Any]:
         """The raw rows under grid row ``row`` (:meth:`fetch_raw`); pinned for a CUDA device."""
         cuda = device is not None and device.type == "cuda"
-        return self.fetch_raw(sources, ctx, row, _pinned if cuda else np.empty)
+        return self.fetch_raw(sources, ctx, row, pinned if cuda else np.empty)
 
     def cut_row(
         self,
@@ -326,60 +307,17 @@ class GeoTiffPatcher(InputProcessor):
         row: int,
         alloc: Callable[[tuple[int, ...], np.dtype[Any]], NDArray[Any]] = np.empty,
     ) -> NDArray[Any]:
-        """The raw rows under grid row ``row``, every date, reflected past the image edges.
-
-        (C, P, Wp), or (C, T, P, Wp) for T dates (see :attr:`RawBand.raw`), in the inputs'
-        dtype, in an array from ``alloc(shape, dtype)`` (e.g. pinned memory to upload from):
-        the one part of reading a row that touches the sources. The rows come from each
-        source's row buffer and the reflected edges are put in place by slice assignment (no
-        index arrays, no concatenation), so the result is the request's own copy, whatever
-        the sources do next.
-        """
-        grid = ctx.grid
-        r0, c0 = grid.origin(row, 0)
-        rows = reflect_indices(r0, grid.patch_size, grid.height)
-        span = (grid.cols - 1) * grid.stride + grid.patch_size
-        lo, hi = int(rows.min()), int(rows.max()) + 1
-        row_runs = _runs(rows - lo)
-        col_runs = _runs(reflect_indices(c0, span, grid.width))
-        parts = [src.read_rows(lo, hi, ctx.bands) for src in sources]  # (own buffers each)
-        shape: tuple[int, ...] = (parts[0].shape[0], grid.patch_size, span)
-        if self.num_frames > 1:
-            shape = (shape[0], len(parts), *shape[1:])
-        out = alloc(shape, np.result_type(*parts))
-        for t, part in enumerate(parts):
-            dst = out[:, t] if self.num_frames > 1 else out
-            for rd, rs in row_runs:
-                for cd, cs in col_runs:
-                    dst[:, rd, cd] = part[:, rs, cs]
-        return out
+        """The raw rows under grid row ``row``, every date (see :func:`fetch_raw`)."""
+        return fetch_raw(sources, ctx, row, self.num_frames, alloc)
 
     def band_of(self, raw: NDArray[Any], ctx: RasterContext, row: int) -> RawBand:
-        """:meth:`read_band` of the raw rows :meth:`fetch_raw` gave: invalid pixels, columns."""
-        grid = ctx.grid
-        cols = tuple(range(grid.cols))
-        nodata = ctx.profile.get("nodata")
-        bad = _invalid(raw, nodata)  # like raw, or None
-        if bad is None:
-            return RawBand(raw=raw, invalid=None, cols=cols, core_valid=None)
-        # an invalid pixel: nodata in any band (and date), or with per_band_nodata in all
-        lead = tuple(range(bad.ndim - 2))
-        invalid = np.asarray(bad.all(lead) if self.per_band_nodata else bad.any(lead))
-        to_fill = bad if self.per_band_nodata else invalid
-        core_valid = None
-        if invalid.any():
-            # nothing valid to predict: skip the model for that patch
-            s, p = grid.stride, grid.patch_size
-            cols = tuple(c for c in cols if not invalid[:, c * s : c * s + p].all())
-            # the image's own columns start where the first patch's margin ends
-            m = -grid.origin(row, 0)[1]
-            core_h = grid.core_window(row, 0).height
-            core_valid = ~invalid[grid.margin : grid.margin + core_h, m : m + grid.width]
-        return RawBand(raw=raw, invalid=to_fill, cols=cols, core_valid=core_valid)
+        """:meth:`read_band` of the raw rows :meth:`fetch_raw` gave (see :func:`band_of`)."""
+        return band_of(raw, ctx, row, self.per_band_nodata)
 
     def normalize(self, raw: NDArray[Any]) -> NDArray[np.float32]:
         """(raw * scale_factor - mean) / std, per band (the first axis), in float32."""
         shape = (-1,) + (1,) * (raw.ndim - 1)  # per band, for (C, rows, W) and (C, T, rows, W)
+        x: NDArray[np.float32]
         if self.scale_factor != 1.0:  # the cast and the scaling in one pass (the same values)
             x = np.multiply(raw, np.float32(self.scale_factor), dtype=np.float32, casting="unsafe")
         else:
@@ -413,19 +351,6 @@ class GeoTiffPatcher(InputProcessor):
         return RasterArray(data, profile, name="<dummy>")
 
 
-def _pinned(shape: tuple[int, ...], dtype: np.dtype[Any]) -> NDArray[Any]:
-    """An empty array in pinned (page-locked) host memory, from torch's caching allocator.
-
-    Falls back to pageable memory for a dtype torch cannot hold.
-    """
-    try:
-        like = torch.from_numpy(np.empty(0, dtype=dtype))
-    except TypeError:
-        return np.empty(shape, dtype=dtype)
-    pinned: NDArray[Any] = torch.empty(shape, dtype=like.dtype, pin_memory=True).numpy()
-    return pinned
-
-
 _streams = threading.local()
 
 
@@ -438,42 +363,6 @@ def _reader_stream(device: torch.device) -> torch.cuda.Stream:
         streams[device] = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
     stream: torch.cuda.Stream = streams[device]
     return stream
-
-
-def _runs(idx: NDArray[np.intp]) -> list[tuple[slice, slice]]:
-    """``idx`` as (destination, source) slice pairs: runs of consecutive indices, up or down.
-
-    ``a[..., idx]`` equals the pieces ``a[..., src]`` placed at ``dst``; a reflected edge is a
-    run going down (step -1), so a row's reflection takes a few slice copies, not a gather.
-    """
-    runs: list[tuple[slice, slice]] = []
-    start = 0
-    n = len(idx)
-    while start < n:
-        step = int(idx[start + 1] - idx[start]) if start + 1 < n else 1
-        if step not in (1, -1):
-            step = 1
-        stop = start + 1
-        while stop < n and idx[stop] - idx[stop - 1] == step:
-            stop += 1
-        first, last = int(idx[start]), int(idx[stop - 1])
-        src = slice(first, last + 1) if step == 1 else slice(first, last - 1 if last else None, -1)
-        runs.append((slice(start, stop), src))
-        start = stop
-    return runs
-
-
-def _invalid(raw: NDArray[Any], nodata: float | None) -> NDArray[np.bool_] | None:
-    """Mask, like ``raw``, of values that are nodata, NaN or ±inf; None if none are."""
-    bad = None
-    if raw.dtype.kind == "f":
-        bad = ~np.isfinite(raw)
-        if raw.dtype.itemsize > 4:  # finite float64 beyond float32's range would become inf
-            bad |= np.abs(raw) > np.finfo(np.float32).max
-    if nodata is not None and not np.isnan(nodata):
-        eq = raw == nodata
-        bad = eq if bad is None else bad | eq
-    return bad if bad is not None and bad.any() else None
 
 
 def _check_same_grid(first: RasterInfo, others: Sequence[RasterInfo]) -> None:
