@@ -297,3 +297,28 @@ def test_close_while_rows_wait_for_their_turn_returns():
         closer.join(5)
         assert not closer.is_alive()
         assert not rows.reading
+
+
+@pytest.mark.parametrize(
+    "layout",
+    [{}, {"tiled": True, "blockxsize": 16, "blockysize": 16}, {"blockysize": 1}],
+    ids=["strips", "tiles16", "one-row-strips"],
+)
+@pytest.mark.parametrize(("patch", "stride", "blend"), [(48, 40, "cosine"), (24, 24, "none")])
+def test_rows_across_decoded_chunks_equal_the_reference(tmp_path, layout, patch, stride, blend):
+    """Tall images: a grid row's rows come from two decoded chunks of the row buffer."""
+    rng = np.random.default_rng(11)
+    data = rng.integers(1, 9000, (2, 301, 37)).astype("uint16")
+    data[:, 100:140, 5:20] = 0
+    path = write_geotiff(tmp_path / "tall.tif", data, nodata=0, **layout)
+    proc = GeoTiffPatcher(patch_size=patch, stride=stride, blend=blend, mean=(5.0, 6.0))
+    with open_raster(path) as src:
+        ctx = proc.prepare([src])
+        for r, (cols, patches, core) in enumerate(reference_rows(proc, [data], 0)):
+            got = proc.read_row([src], ctx, r)
+            assert got.cols == cols
+            for a, b in zip(got.patches, patches, strict=True):
+                np.testing.assert_array_equal(a, b)
+            if core is not None:
+                np.testing.assert_array_equal(got.core_valid, core)
+        assert src.rows_decoded == 301  # every row (and block) decoded once

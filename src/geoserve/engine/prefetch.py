@@ -7,7 +7,7 @@ engine is consuming.
 Reading a row has two parts. ``fetch`` touches the request's sources: it decodes the row's
 blocks into the sources' row buffers and copies the row out. A request's datasets are not
 thread-safe and its sources keep decoded blocks between neighbouring rows (see
-:class:`~geoserve.raster.source.DatasetSource`), so fetches of one request run one at a time,
+:class:`~geoserve.raster.dataset.DatasetSource`), so fetches of one request run one at a time,
 in row order. ``cut`` (casting, normalising, masking, cutting into patches) works on that copy
 alone, so the cuts of several rows of one request run at once, on different pool threads: with
 ``parallel`` > 1 a second thread cuts row ``r`` while the next fetches row ``r + 1``, and one

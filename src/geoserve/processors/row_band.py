@@ -60,21 +60,24 @@ def fetch_raw(
     """
     grid = ctx.grid
     r0, c0 = grid.origin(row, 0)
-    rows = reflect_indices(r0, grid.patch_size, grid.height)
+    rows = reflect_indices(r0, grid.patch_size, grid.height)  # image row of each patch row
     span = (grid.cols - 1) * grid.stride + grid.patch_size
+    col_runs = _runs(np.arange(span), reflect_indices(c0, span, grid.width))
     lo, hi = int(rows.min()), int(rows.max()) + 1
-    row_runs = _runs(rows - lo)
-    col_runs = _runs(reflect_indices(c0, span, grid.width))
-    parts = [src.read_rows(lo, hi, ctx.bands) for src in sources]  # (own buffers each)
-    shape: tuple[int, ...] = (parts[0].shape[0], grid.patch_size, span)
+    # each date's rows, as views of its source's decoded chunks (own buffers each)
+    dates = [src.read_pieces(lo, hi, ctx.bands) for src in sources]
+    first = dates[0][0][1]
+    shape: tuple[int, ...] = (first.shape[0], grid.patch_size, span)
     if num_frames > 1:
-        shape = (shape[0], len(parts), *shape[1:])
-    out = alloc(shape, np.result_type(*parts))
-    for t, part in enumerate(parts):
+        shape = (shape[0], len(dates), *shape[1:])
+    out = alloc(shape, np.result_type(*(piece for pieces in dates for _, piece in pieces)))
+    for t, pieces in enumerate(dates):
         dst = out[:, t] if num_frames > 1 else out
-        for rd, rs in row_runs:
-            for cd, cs in col_runs:
-                dst[:, rd, cd] = part[:, rs, cs]
+        for start, piece in pieces:
+            here = np.flatnonzero((rows >= start) & (rows < start + piece.shape[1]))
+            for rd, rs in _runs(here, rows[here] - start):
+                for cd, cs in col_runs:
+                    dst[:, rd, cd] = piece[:, rs, cs]
     return out
 
 
@@ -121,25 +124,24 @@ def pinned(shape: tuple[int, ...], dtype: np.dtype[Any]) -> NDArray[Any]:
     return pinned
 
 
-def _runs(idx: NDArray[np.intp]) -> list[tuple[slice, slice]]:
-    """``idx`` as (destination, source) slice pairs: runs of consecutive indices, up or down.
+def _runs(dst: NDArray[np.intp], src: NDArray[np.intp]) -> list[tuple[slice, slice]]:
+    """``out[dst] = a[src]`` as (destination, source) slice pairs, for a few slice copies.
 
-    ``a[..., idx]`` equals the pieces ``a[..., src]`` placed at ``dst``; a reflected edge is a
-    run going down (step -1), so a row's reflection takes a few slice copies, not a gather.
+    A run is consecutive destinations whose sources go up or down by one (a reflected edge
+    goes down), so a row's reflection takes a few slice assignments, not a gather.
     """
     runs: list[tuple[slice, slice]] = []
-    start = 0
-    n = len(idx)
+    start, n = 0, len(dst)
     while start < n:
-        step = int(idx[start + 1] - idx[start]) if start + 1 < n else 1
+        step = int(src[start + 1] - src[start]) if start + 1 < n else 1
         if step not in (1, -1):
             step = 1
         stop = start + 1
-        while stop < n and idx[stop] - idx[stop - 1] == step:
+        while stop < n and dst[stop] - dst[stop - 1] == 1 and src[stop] - src[stop - 1] == step:
             stop += 1
-        first, last = int(idx[start]), int(idx[stop - 1])
-        src = slice(first, last + 1) if step == 1 else slice(first, last - 1 if last else None, -1)
-        runs.append((slice(start, stop), src))
+        a, b = int(src[start]), int(src[stop - 1])
+        source = slice(a, b + 1) if step == 1 else slice(a, b - 1 if b else None, -1)
+        runs.append((slice(int(dst[start]), int(dst[stop - 1]) + 1), source))
         start = stop
     return runs
 

@@ -6,13 +6,7 @@ a :class:`RasterSource`, which exposes the metadata (:class:`RasterInfo`) and on
 :meth:`RasterSource.read_rows`. Reading a band of rows at a time (never the whole scene) keeps
 memory proportional to the scene's width, not its area.
 
-Files are read in bands aligned to their internal blocks (tiles or strips) and the decoded rows
-are kept until the reader moves past them: neighbouring patch rows overlap and straddle block
-boundaries, and without the cache every compressed block would be decoded two or three times.
-The kept rows live in a rolling row buffer that GDAL decodes into (``out=``): moving down the
-image copies only the rows still needed to the buffer's top, never the whole cache, and no
-array is allocated per read. GDAL decodes the blocks of one band on ``threads`` threads (its
-``NUM_THREADS`` open option).
+Files are read by :class:`~geoserve.raster.dataset.DatasetSource`, a band of rows at a time.
 
 Bytes go through rasterio's ``MemoryFile``; no temporary files.
 """
@@ -21,7 +15,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import dataclasses
 import datetime as dt
 import os
 import re
@@ -33,17 +26,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-import rasterio
-import rasterio.errors
 from affine import Affine
 from numpy.typing import NDArray
-from rasterio.errors import RasterioError
-from rasterio.io import MemoryFile
-from rasterio.windows import Window
 
 from geoserve.errors import (
     InputError,
-    InputFormatError,
     NotGeoreferencedWarning,
     RasterReadError,
 )
@@ -55,13 +42,6 @@ from geoserve.raster.input_values import RasterArray as RasterArray
 from geoserve.raster.input_values import RasterWindow as RasterWindow
 from geoserve.raster.trust import (
     DEFAULT_INPUT_FORMATS,
-    NOT_RASTER,
-    apply_http_defaults,
-    detect_format,
-    gdal_drivers,
-    input_env,
-    read_head,
-    refuse_other_formats,
 )
 
 DataFormat = Literal["auto", "path", "bytes", "b64", "url"]
@@ -114,6 +94,17 @@ class RasterSource(ABC):
             RasterReadError: if the data cannot be decoded (truncated or corrupt file).
         """
 
+    def read_pieces(
+        self, row_start: int, row_stop: int, bands: Sequence[int]
+    ) -> list[tuple[int, NDArray[Any]]]:
+        """:meth:`read_rows` as consecutive pieces ``(first row, array)``, in row order.
+
+        A source that keeps decoded rows in chunks hands out views of them, so a reader that
+        copies the rows anyway (the patcher) never has them joined first. Valid until the next
+        read of the source. By default one piece, :meth:`read_rows`.
+        """
+        return [(row_start, self.read_rows(row_start, row_stop, bands))]
+
     def read_cost(self, bands: Sequence[int]) -> int:
         """Pixels decoded to read ``bands`` over the whole grid (a request's size guard)."""
         return self.info.width * self.info.height * len(bands)
@@ -155,208 +146,6 @@ def warn_if_not_georeferenced(info: RasterInfo) -> None:
         )
 
 
-#: GDAL drivers that take the ``NUM_THREADS`` open option (the others log that they do not).
-THREADED_DRIVERS = frozenset({"GTiff"})
-
-
-class DatasetSource(RasterSource):
-    """A source backed by a rasterio dataset (a file, or bytes in a ``MemoryFile``).
-
-    Reads go through a cache of decoded, block-aligned rows; see the module docstring.
-    """
-
-    def __init__(
-        self,
-        name: str,
-        path: str | None = None,
-        data: bytes | None = None,
-        threads: int = 1,
-        formats: Sequence[str] = DEFAULT_INPUT_FORMATS,
-    ) -> None:
-        self._memfile: MemoryFile | None = None
-        # the rolling row buffer: rows [_cache_start, _cache_start + _cache_rows) of the bands
-        # _cache_bands, in _buffers[0]; _buffers[1] is where they move when the reader moves on
-        self._buffers: list[NDArray[Any]] = []
-        self._cache_rows = 0
-        self._cache_start = 0
-        self._cache_bands: tuple[int, ...] = ()
-        self.rows_decoded = 0  # rows read from the file (for tests: each block once)
-        self._offset = (0, 0)  # of a window (restrict): its first column and row
-        apply_http_defaults()
-        options: dict[str, Any] = {"NUM_THREADS": str(threads)} if threads > 1 else {}
-        if data is not None:
-            self._memfile = MemoryFile(data)
-        try:
-            with warnings.catch_warnings(), input_env():  # geoserve warns itself, naming it
-                warnings.simplefilter("ignore", rasterio.errors.NotGeoreferencedWarning)
-                self._ds = self._open_with(gdal_drivers(formats), path, options)
-        except RasterioError as exc:
-            internal = self._memfile.name if self._memfile is not None else None
-            self.close()
-            local = data is None and path is not None and not path.startswith("/vsi")
-            head = read_head(path) if local and path else (data or b"")[:4096]
-            refuse_other_formats(name, head, formats)
-            fmt, what = detect_format(head)
-            why = what if fmt in NOT_RASTER else _without(str(exc), internal)
-            raise RasterReadError(f"{name}: not a readable raster ({why})") from exc
-        ds = self._ds
-        if ds.driver not in gdal_drivers(formats):  # belt and braces: GDAL honoured the list
-            self.close()
-            raise InputFormatError(f"{name}: format {ds.driver} is not allowed")
-        self.info = RasterInfo(
-            name=name,
-            width=ds.width,
-            height=ds.height,
-            count=ds.count,
-            dtype=ds.dtypes[0],
-            crs=ds.crs,
-            transform=ds.transform,
-            nodata=ds.nodata,
-            descriptions=tuple(ds.descriptions),
-            tags=ds.tags(),
-            units=tuple(u or None for u in ds.units),
-            profile=dict(ds.profile),
-            block_bytes=_block_bytes(ds),
-            held_bytes=len(data) if data is not None else 0,
-        )
-        try:
-            check_dtype(name, self.info.dtype)
-            check_size(self.info)
-        except InputError:
-            self.close()
-            raise
-        warn_if_not_georeferenced(self.info)
-        self._block_rows = max(1, int(ds.block_shapes[0][0]))
-
-    def _open_with(self, drivers: list[str], path: str | None, options: dict[str, Any]) -> Any:
-        """Open with each allowed driver in turn: never GDAL's own sniffing of the content."""
-        for i, driver in enumerate(drivers):
-            if driver not in THREADED_DRIVERS:
-                options = {k: v for k, v in options.items() if k != "NUM_THREADS"}
-            try:
-                if self._memfile is not None:
-                    return self._memfile.open(driver=driver, **options)
-                return rasterio.open(path, driver=driver, **options)
-            except RasterioError:
-                if i == len(drivers) - 1:
-                    raise
-        raise AssertionError("no drivers")  # check_formats refuses an empty list
-
-    @property
-    def dataset(self) -> Any:
-        """The open rasterio dataset (for GDAL operations on it, such as warping)."""
-        return self._ds
-
-    def read_rows(self, row_start: int, row_stop: int, bands: Sequence[int]) -> NDArray[Any]:
-        """See :meth:`RasterSource.read_rows`; rows come from the rolling row buffer.
-
-        The returned array is a view of that buffer: it stays valid only until the next
-        ``read_rows`` of this source, and callers must not modify it (copy what you keep).
-        """
-        key = tuple(bands)
-        cached = range(self._cache_start, self._cache_start + self._cache_rows)
-        if not self._buffers or key != self._cache_bands or row_start not in cached:
-            # new bands, reading backwards or past every cached row: start afresh
-            self._cache_bands, self._cache_rows = key, 0
-            self._cache_start = row_start - row_start % self._block_rows
-        elif row_start > self._cache_start:  # forget the rows above: reads only move down
-            drop = row_start - self._cache_start
-            keep = self._cache_rows - drop
-            if keep:  # the rows still needed go to the top of the other buffer
-                src, dst = self._buffers
-                dst[: len(key), :keep] = src[: len(key), drop : drop + keep]
-                self._buffers.reverse()
-            self._cache_start += drop
-            self._cache_rows = keep
-        have = self._cache_start + self._cache_rows
-        if row_stop > have:
-            stop = min(self.info.height, -(-row_stop // self._block_rows) * self._block_rows)
-            rows = stop - self._cache_start
-            self._reserve(len(key), rows)
-            self._read(
-                have, stop, key, self._buffers[0][: len(key), have - self._cache_start : rows]
-            )
-            self._cache_rows = rows
-        lo = row_start - self._cache_start
-        return self._buffers[0][: len(key), lo : row_stop - self._cache_start]
-
-    def _reserve(self, bands: int, rows: int) -> None:
-        """Make both row buffers hold ``rows`` rows of ``bands`` bands, keeping the cached rows."""
-        if self._buffers:
-            have_bands, have_rows = self._buffers[0].shape[:2]
-            if have_bands >= bands and have_rows >= rows:
-                return
-            bands, rows = max(bands, have_bands), max(rows, have_rows)
-        shape = (bands, rows, self.info.width)
-        grown = [np.empty(shape, dtype=self.info.dtype) for _ in range(2)]
-        if self._buffers and self._cache_rows:
-            old = self._buffers[0]
-            grown[0][: old.shape[0], : self._cache_rows] = old[:, : self._cache_rows]
-        self._buffers = grown
-
-    def restrict(self, window: Window, name: str) -> None:
-        """From now on, the source is ``window`` of the file (its grid, its rows), named ``name``.
-
-        Raises:
-            InputError: the window is empty or not inside the raster.
-        """
-        ds = self._ds
-        col, row = int(window.col_off), int(window.row_off)
-        width, height = int(window.width), int(window.height)
-        if (
-            width < 1
-            or height < 1
-            or min(col, row) < 0
-            or col + width > ds.width
-            or (row + height > ds.height)
-        ):
-            raise InputError(f"{name}: window {window} is not inside {self.info.name}")
-        self._offset = (col, row)
-        transform = ds.window_transform(window)
-        profile = {**self.info.profile, "width": width, "height": height, "transform": transform}
-        across = int(ds.block_shapes[0][1])  # GDAL decodes the blocks the window touches
-        touched = min(ds.width, -(-(col + width) // across) * across) - col // across * across
-        self.info = dataclasses.replace(
-            self.info,
-            name=name,
-            width=width,
-            height=height,
-            transform=transform,
-            profile=profile,
-            block_bytes=self.info.block_bytes * touched // ds.width,
-        )
-        self._buffers, self._cache_rows = [], 0
-
-    def _read(self, row_start: int, row_stop: int, bands: Sequence[int], out: NDArray[Any]) -> None:
-        """Decode rows ``[row_start, row_stop)`` of ``bands`` into ``out``."""
-        col, row = self._offset
-        window = Window(col, row + row_start, self.info.width, row_stop - row_start)
-        try:
-            self._ds.read([b + 1 for b in bands], window=window, out=out)
-        except RasterioError as exc:
-            raise RasterReadError(
-                f"{self.info.name}: cannot read rows {row_start}-{row_stop} ({exc}); "
-                "the file may be truncated or corrupt"
-            ) from exc
-        self.rows_decoded += row_stop - row_start
-
-    def close(self) -> None:
-        """Close the dataset and its memory file."""
-        ds = getattr(self, "_ds", None)
-        if ds is not None:
-            ds.close()
-        if self._memfile is not None:
-            self._memfile.close()
-
-
-def _block_bytes(ds: Any) -> int:
-    """Bytes of a decoded block row (one strip: all of it; pixel-interleaved: every band)."""
-    rows = max(1, int(ds.block_shapes[0][0]))
-    pixel = str(getattr(ds, "interleaving", None) or "").lower().endswith("pixel")
-    bands = ds.count if pixel else 1
-    return int(rows * ds.width * bands * np.dtype(ds.dtypes[0]).itemsize)
-
-
 _REMOTE = ("/vsicurl/", "http://", "https://")
 _B64_CHARS = re.compile(r"^[A-Za-z0-9+/=\s_-]+$")
 
@@ -391,6 +180,8 @@ def open_raster(
         InputFormatError: the content is a format outside ``formats`` (a VRT, say).
         InputError: bad base64, an unsupported data type, or zero width/height.
     """
+    from geoserve.raster.dataset import DatasetSource  # (it builds on this module)
+
     kw: dict[str, Any] = {"threads": threads, "formats": formats}
     source: RasterSource
     if isinstance(obj, RasterWindow):
@@ -424,17 +215,12 @@ def open_raster(
     return source
 
 
-def _without(message: str, internal: str | None) -> str:
-    """GDAL's message without the in-memory file name it gave uploaded bytes."""
-    for form in (internal, internal and internal.rsplit("/", 1)[-1]) if internal else ():
-        message = message.replace(f"{form}: ", "").replace(str(form), "the file")
-    return message
-
-
 def _open_text(
     text: str, is_str: bool, data_format: DataFormat, kw: dict[str, Any]
 ) -> RasterSource:
     """:func:`open_raster` for a string or path: base64, a URL, or a local file."""
+    from geoserve.raster.dataset import DatasetSource
+
     if data_format == "b64" or (
         data_format == "auto"
         and is_str

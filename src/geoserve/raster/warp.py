@@ -35,7 +35,8 @@ from rasterio.windows import Window
 
 from geoserve.errors import ConfigError, InputError, RasterReadError
 from geoserve.raster.arrays import ArraySource
-from geoserve.raster.source import DatasetSource, RasterInfo, RasterSource
+from geoserve.raster.dataset import DatasetSource
+from geoserve.raster.source import RasterInfo, RasterSource
 from geoserve.raster.trust import input_env
 
 #: What GDAL raises for a transform it cannot make (no path between two CRSs, a degenerate

@@ -40,7 +40,8 @@ from rasterio.windows import Window
 from geoserve.engine.patch_cache import PatchCache, PatchKeys
 from geoserve.errors import InputError, ZoomTooLowError
 from geoserve.raster.budget import OpenBudget
-from geoserve.raster.source import DatasetSource, RasterWindow, open_raster
+from geoserve.raster.dataset import DatasetSource
+from geoserve.raster.source import RasterWindow, open_raster
 from geoserve.tiles.mercator import (
     MAX_SCENE_PIXELS_PER_TILE_PIXEL,
     TILE,
