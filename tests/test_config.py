@@ -48,6 +48,8 @@ SAMPLE: dict[str, Any] = {
     "cross_request_batching": False,
     "streaming": False,
     "cog": True,
+    "output_compression": "deflate",
+    "output_compression_level": 9,
     "output_dir": Path("outputs"),
     "allowed_formats": ["GTiff", "PNG"],
     "max_patches": 7,

@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from geoserve.errors import ConfigError
 from geoserve.models.hub import check_weights_value
+from geoserve.raster.codecs import DEFAULT_COMPRESSION, Codec, Compression, check_level
 from geoserve.raster.grid import BlendMode
 from geoserve.raster.sinks import DEFAULT_POLYGON_FORMAT, PolygonFormat
 from geoserve.raster.trust import DEFAULT_INPUT_FORMATS, check_formats
@@ -97,7 +98,7 @@ class EngineConfig(BaseModel):
     read_workers: Annotated[int, Field(ge=1)] | None = None
     """Reader threads shared by all requests, also GDAL's decoding threads (default: cores, ≤ 4)."""
     prefetch_rows: Annotated[int, Field(ge=0)] = 2
-    """Grid rows each request keeps read ahead of the model."""
+    """Grid rows each request keeps read ahead (and reads at once, up to read_workers)."""
     preprocess: Preprocess = "auto"
     """Where patches are cast, normalised, cut and stitched: host, device or auto (CUDA: device)."""
     cross_request_batching: bool = True
@@ -106,6 +107,13 @@ class EngineConfig(BaseModel):
     """Write each band of finished output rows at once (off: hold a request's whole output)."""
     cog: bool = False
     """Write outputs as Cloud-Optimized GeoTIFFs (tiles and overviews)."""
+    output_compression: Compression = DEFAULT_COMPRESSION
+    """How GeoTIFF outputs are compressed, all losslessly: zstd (GDAL 2.3+ built with libzstd,
+    as Debian's and QGIS 3.22's; a class map several times faster to write than deflate),
+    deflate (what any TIFF reader opens; geoserve's codec before), lzw, packbits or none."""
+    output_compression_level: Annotated[int, Field(ge=1, le=22)] | None = None
+    """The codec's level: zstd 1-22, deflate 1-12 (default: zstd 1; deflate 6 for class
+    maps, 1 for floats)."""
     output_dir: Path | None = None
     """Directory for outputs written to disk without an explicit path."""
     allowed_formats: list[str] = Field(default_factory=lambda: list(DEFAULT_INPUT_FORMATS))
@@ -127,6 +135,20 @@ class EngineConfig(BaseModel):
             if type(value).__module__ == "torch":  # torch.bfloat16, torch.device("cuda")
                 data[key] = str(value).removeprefix("torch.")
         return data
+
+    @model_validator(mode="after")
+    def _level_of_the_codec(self) -> EngineConfig:
+        """A level the chosen codec takes (lzw, packbits and none take none)."""
+        try:
+            check_level(self.output_compression, self.output_compression_level)
+        except ValueError as exc:
+            raise ValueError(f"output_compression_level: {exc}") from None
+        return self
+
+    @property
+    def codec(self) -> Codec:
+        """The outputs' :class:`~geoserve.raster.codecs.Codec`."""
+        return Codec(self.output_compression, self.output_compression_level)
 
     @model_validator(mode="after")
     def _quantize_on_cpu(self) -> EngineConfig:

@@ -3,10 +3,13 @@
 After each forward pass :meth:`OutputStage.stitch` places every output patch on its request's
 :class:`~geoserve.engine.canvas.Canvas` (through the output processor's ``prepare_patch`` hook
 on the host; as a tensor when the canvas is on the device). After each step
-:meth:`OutputStage.emit` takes the rows no later patch can change and queues them on the one
-writer thread, which turns them into output values (:meth:`Request.to_raster`) and hands them
-to the request's sink; at most :data:`MAX_PENDING_WRITES` bands wait per request before the
-model loop waits for the writer (back-pressure). :meth:`OutputStage.finish` hands the
+:meth:`OutputStage.emit` takes the rows no later patch can change and queues them on the
+request's writer lane (:class:`~geoserve.engine.lanes.Lanes`, :data:`WRITE_WORKERS` threads
+shared by all requests), which turns them into output values (:meth:`Request.to_raster`) and
+hands them to the request's sink: one request's bands in order, several requests' at once, so
+a slow or costly output (a noisy class map, many float bands) holds up no other request's. At
+most :data:`MAX_PENDING_WRITES` bands wait per request before the model loop waits for its
+writer (back-pressure). :meth:`OutputStage.finish` hands the
 request's commit to a commit thread, which waits for its last writes, so a slow commit (tracing
 polygons, converting to a COG) holds up neither the model loop nor other requests' writes;
 :meth:`OutputStage.collect` hands out the requests whose commit is done. Anything that goes
@@ -24,6 +27,7 @@ commit stops at its next check (the next polygon) and leaves no file.
 
 from __future__ import annotations
 
+import os
 import time
 from concurrent import futures
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -31,6 +35,7 @@ from typing import Any
 
 from geoserve.engine.canvas import RowBand
 from geoserve.engine.failures import FINISH, STITCH, WRITE, Fail, isolate, request_error
+from geoserve.engine.lanes import Lanes
 from geoserve.engine.products import discard
 from geoserve.engine.request import Request
 from geoserve.engine.runner import BatchOutput
@@ -39,6 +44,9 @@ from geoserve.schemas import VECTOR_KINDS, ImageOutput, ImageRequestOutput, Tens
 
 #: Output bands a request may have queued on the writer before the model loop waits for it.
 MAX_PENDING_WRITES = 4
+#: Writer threads shared by all requests (each request's bands in order on one of them at a
+#: time; each also runs GDAL's compression threads, see :mod:`geoserve.raster.codecs`).
+WRITE_WORKERS = max(1, min(4, os.cpu_count() or 1))
 #: Commit threads of requests without a vector kind (a rename, a COG conversion).
 RASTER_COMMIT_THREADS = 2
 #: Commit threads of requests with a vector kind (tracing polygons), started as needed.
@@ -50,12 +58,14 @@ class OutputStage:
 
     Args:
         fail: How a request is failed (the scheduler's :meth:`~Scheduler.fail`).
+        writers: Writer threads shared by all requests.
     """
 
-    def __init__(self, fail: Fail) -> None:
+    def __init__(self, fail: Fail, writers: int = WRITE_WORKERS) -> None:
         self._fail = fail
-        # one writer thread turns finished rows into output values and writes them, in order
-        self._writer = ThreadPoolExecutor(1, thread_name_prefix="geoserve-write")
+        # writer threads turn finished rows into output values and write them: each request's
+        # in order on its own lane, the lanes side by side
+        self._writer = Lanes(writers, "geoserve-write")
         # commits (a file checked and renamed, polygons traced, a COG converted) run beside it,
         # each after its request's last write: a slow one holds up neither the model loop
         # nor the other requests' writes, and a vector one no raster one (module docstring)
@@ -98,7 +108,7 @@ class OutputStage:
                 req.timings.model += part.seconds
 
     def emit(self, req: Request, streaming: bool = True) -> None:
-        """Queue the request's newly final output rows on the writer thread.
+        """Queue the request's newly final output rows on its writer lane.
 
         Not ``streaming``, rows wait until the whole output is final. Also collects the
         writes done (and waits while more than :data:`MAX_PENDING_WRITES` are queued).
@@ -115,13 +125,13 @@ class OutputStage:
                     channels, min_rows=min_rows, reduce=req.row_reducer()
                 )
                 if band is not None:
-                    req.writes.append(self._writer.submit(_write_band, req, band))
+                    req.writes.append(self._writer.submit(id(req), _write_band, req, band))
             tokens = req.token_canvas
             if tokens is not None and (req.token_channels or tokens.complete):
                 min_rows = 1 if streaming else tokens.grid.height
                 band = tokens.take_finished(req.token_channels or 1, min_rows=min_rows)
                 if band is not None:
-                    req.writes.append(self._writer.submit(_write_band, req, band, True))
+                    req.writes.append(self._writer.submit(id(req), _write_band, req, band, True))
             while req.writes and (req.writes[0].done() or len(req.writes) > MAX_PENDING_WRITES):
                 req.writes.popleft().result()  # back-pressure, and the writer's errors
 
@@ -182,15 +192,15 @@ class OutputStage:
         return False
 
     def close(self) -> None:
-        """Stop the writer thread once its queued writes and commits are done."""
-        self._writer.shutdown(wait=True)
+        """Stop the writer threads once their queued writes and commits are done."""
+        self._writer.close()
         self._committer.shutdown(wait=True)
         self._vector_committer.shutdown(wait=True)
         self.collect()  # (release the requests committed meanwhile; nobody waits for them)
 
 
 def _commit(req: Request) -> dict[str, ImageOutput]:
-    """Wait for the request's writes (on the writer thread), then commit its outputs."""
+    """Wait for the request's writes (on its writer lane), then commit its outputs."""
     while req.writes:
         req.writes.popleft().result()  # the writer's errors
     if req.cancelled.is_set():  # aborted while its commit waited for a thread
@@ -202,7 +212,7 @@ def _commit(req: Request) -> dict[str, ImageOutput]:
 
 
 def _write_band(req: Request, band: RowBand, tokens: bool = False) -> None:
-    """Turn one band of blended rows into output values and write them (writer thread).
+    """Turn one band of blended rows into output values and write them (its writer lane).
 
     ``tokens``: a band of the token canvas (the embeddings kind's).
     """

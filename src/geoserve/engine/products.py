@@ -127,7 +127,9 @@ def product_sink(
     if kind == "embeddings" and spec.token_size:
         profile = token_profile(ctx.profile, grid, spec.token_size)
         height, width = profile["height"], profile["width"]
-        return make_sink(out_format, path, profile, height, width, cog=config.cog)
+        return make_sink(
+            out_format, path, profile, height, width, cog=config.cog, codec=config.codec
+        )
     if kind == "patch-embeddings":
         return PatchEmbeddingSink(path, ctx.profile, grid.height, grid.width)
     if kind == "polygons":
@@ -143,7 +145,9 @@ def product_sink(
             min_area=config.min_area,
             max_vertices=budget,
         )
-    return make_sink(out_format, path, ctx.profile, grid.height, grid.width, cog=config.cog)
+    return make_sink(
+        out_format, path, ctx.profile, grid.height, grid.width, cog=config.cog, codec=config.codec
+    )
 
 
 def commit_all(products: list[Product], out_format: OutFormat) -> dict[str, ImageOutput]:

@@ -22,6 +22,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from geoserve.errors import ConfigError
+from geoserve.raster.codecs import DEFAULT_CODEC, Codec
 from geoserve.raster.write import OutputRaster, RowWriter
 from geoserve.schemas import ImageOutput, OutFormat
 
@@ -77,9 +78,10 @@ class GeoTiffSink(OutputSink):
         width: int,
         *,
         cog: bool = False,
+        codec: Codec = DEFAULT_CODEC,
     ) -> None:
         super().__init__(height, width)
-        self.writer = RowWriter(path, profile, height, width, cog=cog)
+        self.writer = RowWriter(path, profile, height, width, cog=cog, codec=codec)
 
     @property
     def target(self) -> Path | None:
@@ -140,15 +142,19 @@ def make_sink(
     width: int,
     *,
     cog: bool = False,
+    codec: Codec = DEFAULT_CODEC,
 ) -> OutputSink:
     """The sink for ``out_format`` (``path`` is used only for ``"path"``).
+
+    ``codec``: how a GeoTIFF is compressed.
 
     Raises:
         OutputWriteError: the output directory does not exist.
     """
     if out_format == "tensor":
         return ArraySink(height, width)
-    return GeoTiffSink(path if out_format == "path" else None, profile, height, width, cog=cog)
+    path = path if out_format == "path" else None
+    return GeoTiffSink(path, profile, height, width, cog=cog, codec=codec)
 
 
 #: The vector formats polygons may be written in (EngineConfig's ``polygon_format``).

@@ -28,12 +28,10 @@ from rasterio.windows import Window
 
 from geoserve.errors import OutputSpaceError, OutputWriteError
 from geoserve.raster import tempfiles
+from geoserve.raster.codecs import DEFAULT_CODEC, Codec
 
 #: Internal tile size of written GeoTIFFs (a multiple of 16, as TIFF tiling requires).
 BLOCK_SIZE = 256
-
-#: Threads GDAL may use to compress tiles while writing.
-WRITE_THREADS = max(1, min(4, os.cpu_count() or 1))
 
 
 @dataclass(frozen=True)
@@ -55,10 +53,12 @@ def output_profile(
     out: OutputRaster,
     height: int | None = None,
     width: int | None = None,
+    codec: Codec = DEFAULT_CODEC,
 ) -> dict[str, Any]:
     """The GeoTIFF profile for ``out``: the source's grid, the output's bands and encoding.
 
-    ``height``/``width`` give the full raster size when ``out`` holds only some of its rows.
+    ``height``/``width`` give the full raster size when ``out`` holds only some of its rows;
+    ``codec`` its compression (default: :data:`~geoserve.raster.codecs.DEFAULT_COMPRESSION`).
     """
     count, rows, cols = out.data.shape
     dtype = np.dtype(out.data.dtype)
@@ -72,15 +72,9 @@ def output_profile(
         "tiled": True,
         "blockxsize": BLOCK_SIZE,
         "blockysize": BLOCK_SIZE,
-        "compress": "deflate",
-        "predictor": 3 if dtype.kind == "f" else 2,
-        # float rows (probabilities, confidence, embeddings) at deflate's fastest level:
-        # measured on a 1536 x 768 float32 band: 2.4x faster to write than its default
-        # level, 2 % larger
-        "ZLEVEL": 1 if dtype.kind == "f" else 6,
+        **codec.gtiff_options(dtype),
         "interleave": "band" if count > 1 else "pixel",
         "BIGTIFF": "IF_SAFER",
-        "NUM_THREADS": WRITE_THREADS,
     }
     if out.nbits is not None:
         profile["NBITS"] = out.nbits
@@ -102,6 +96,7 @@ class RowWriter:
     name. ``path=None`` writes into a rasterio ``MemoryFile`` and :meth:`commit` returns the
     bytes. ``cog=True`` converts the finished file with GDAL's COG driver (tiles, overviews,
     header first), the layout range readers such as ``/vsicurl/`` fetch windows from.
+    ``codec``: how the file (and the COG) is compressed.
 
     Raises:
         OutputWriteError: naming the path, from the constructor (missing directory),
@@ -116,6 +111,7 @@ class RowWriter:
         width: int,
         *,
         cog: bool = False,
+        codec: Codec = DEFAULT_CODEC,
     ) -> None:
         self.path = Path(path) if path is not None else None
         self.name = str(self.path) if self.path is not None else IN_MEMORY
@@ -127,7 +123,7 @@ class RowWriter:
         if self.path is not None:  # a killed earlier run's leftovers for this target
             tempfiles.sweep(self.path.parent, self.path.name, sidecar(self.path).name)
         self._source_profile = source_profile
-        self.height, self.width, self.cog = height, width, cog
+        self.height, self.width, self.cog, self.codec = height, width, cog, codec
         self._tmp: list[Path] = []
         self._mem: list[MemoryFile] = []
         self._dst: Any = None
@@ -137,7 +133,7 @@ class RowWriter:
         self._next_row = 0
 
     def _open(self, out: OutputRaster) -> None:
-        profile = output_profile(self._source_profile, out, self.height, self.width)
+        profile = output_profile(self._source_profile, out, self.height, self.width, self.codec)
         with warnings.catch_warnings():  # an ungeoreferenced input was already warned about
             warnings.simplefilter("ignore", NotGeoreferencedWarning)
             if self.path is not None:
@@ -228,11 +224,9 @@ class RowWriter:
     def _to_cog(self, src_name: str) -> str:
         assert self._meta is not None
         options = {
-            "COMPRESS": "DEFLATE",
-            "PREDICTOR": "YES",
+            **self.codec.cog_options(self._meta.data.dtype),
             "BLOCKSIZE": 512,
             "BIGTIFF": "IF_SAFER",
-            "NUM_THREADS": WRITE_THREADS,
             # class maps must not be averaged into codes that mean nothing
             "OVERVIEW_RESAMPLING": "AVERAGE" if self._meta.data.dtype.kind == "f" else "NEAREST",
         }
@@ -348,13 +342,14 @@ def write_geotiff(
     source_profile: Mapping[str, Any],
     *,
     cog: bool = False,
+    codec: Codec = DEFAULT_CODEC,
 ) -> Path:
     """Write ``out`` to ``path`` atomically (temporary file in the same directory, then rename).
 
     Raises:
         OutputWriteError: naming the path, if the directory is missing or the write fails.
     """
-    result = _write_whole(path, out, source_profile, cog)
+    result = _write_whole(path, out, source_profile, cog, codec)
     assert isinstance(result, Path)
     return result
 
@@ -364,9 +359,10 @@ def _write_whole(
     out: OutputRaster,
     source_profile: Mapping[str, Any],
     cog: bool,
+    codec: Codec,
 ) -> Path | bytes:
     _, height, width = out.data.shape
-    writer = RowWriter(path, source_profile, height, width, cog=cog)
+    writer = RowWriter(path, source_profile, height, width, cog=cog, codec=codec)
     writer.write(0, out)
     return writer.commit()
 
@@ -402,9 +398,13 @@ def _pam_xml(names: Sequence[str], colormap: Mapping[int, tuple[int, int, int, i
 
 
 def geotiff_bytes(
-    out: OutputRaster, source_profile: Mapping[str, Any], *, cog: bool = False
+    out: OutputRaster,
+    source_profile: Mapping[str, Any],
+    *,
+    cog: bool = False,
+    codec: Codec = DEFAULT_CODEC,
 ) -> bytes:
     """Encode ``out`` as GeoTIFF bytes in memory."""
-    result = _write_whole(None, out, source_profile, cog)
+    result = _write_whole(None, out, source_profile, cog, codec)
     assert isinstance(result, bytes)
     return result
