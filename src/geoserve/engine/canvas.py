@@ -16,35 +16,61 @@ numbers bit for bit (the same sums in the same order); that is the in-memory mod
 With a ``device``, the accumulator lives there as a torch tensor (on a GPU: next to the model's
 outputs, which then never leave it), and only finished rows are copied back to the host. The
 arithmetic is the same float32 operations in the same order, so the result is the same.
+Those rows cross through :func:`geoserve.engine.transfer.to_host` without the main thread
+waiting: on a GPU the copy runs asynchronously into pinned memory and the writer thread waits
+for it when it reads :attr:`RowBand.data`.
+
+Costs kept off the model loop's thread: a patch is weighed into one scratch buffer reused for
+every patch (``patch * w`` into it, then added in place: the same two float32 operations as
+``acc += patch * w``); finished rows are divided by their summed weights straight into the
+band handed out, rows no patch weighed dividing by 1.0 (``x / 1.0 == x`` exactly, the value
+the former ``where`` kept); and dropping taken rows moves up and clears only the rows some
+patch wrote (the canvas tracks the lowest), not the buffer's whole capacity.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 from numpy.typing import NDArray
 
+from geoserve.engine import transfer
 from geoserve.raster.grid import PatchGrid
 
 
-@dataclass(frozen=True)
 class RowBand:
     """Finished output rows ``[row, row + data.shape[1])``.
 
     Attributes:
         row: First image row of the band.
         data: Blended (C, rows, W) float32 output, or what the output processor's
-            ``reduce_rows`` made of it on the device.
+            ``reduce_rows`` made of it on the device. Rows of a device canvas may still be on
+            their way: reading ``data`` waits for them (on the writer thread).
         valid: (rows, W) mask of valid input pixels, or ``None`` when all are valid.
     """
 
-    row: int
-    data: NDArray[Any]
-    valid: NDArray[np.bool_] | None
+    __slots__ = ("_data", "row", "valid")
+
+    def __init__(
+        self,
+        row: int,
+        data: NDArray[Any] | transfer.HostCopy,
+        valid: NDArray[np.bool_] | None,
+    ) -> None:
+        self.row = row
+        self._data = data
+        self.valid = valid
+
+    @property
+    def data(self) -> NDArray[Any]:
+        """The band's values (waits for a copy from the device to finish)."""
+        data = self._data
+        if isinstance(data, transfer.HostCopy):
+            data = self._data = data.wait()
+        return data
 
 
 class Canvas:
@@ -60,6 +86,8 @@ class Canvas:
         self._wsum: Any = None  # (rows held, W), blending modes only
         self._w: Any = None  # the patch blend weights, on the device
         self._valid: NDArray[np.bool_] | None = None  # (rows held, W), once any pixel is invalid
+        self._high = 0  # image rows _high and below are zeros in _acc and _wsum (none written)
+        self._tmp: Any = None  # (C, P, P) scratch: one patch times its weights
         self._pending: dict[int, int] = {}  # grid row -> patches not yet stitched
         self._complete = 0  # grid rows 0 .. _complete-1 are complete
 
@@ -90,14 +118,15 @@ class Canvas:
             return self._acc
         held = self.rows_held
         cap = min(g.height - self._top, max(need, held + g.patch_size))
+        written = min(held, max(0, self._high - self._top))  # the rest is zeros
         acc = self._zeros(channels, cap, g.width)
         if self._acc is not None:
-            acc[:, :held] = self._acc
+            acc[:, :written] = self._acc[:, :written]
         self._acc = acc
         if not self._exact:
             wsum = self._zeros(cap, g.width)
             if self._wsum is not None:
-                wsum[:held] = self._wsum
+                wsum[:written] = self._wsum[:written]
             self._wsum = wsum
         if self._valid is not None:
             self._valid_grow(self._top + cap)
@@ -146,6 +175,7 @@ class Canvas:
             acc[:, top : top + core.height, core.col_off : core.col_off + core.width] = patch[
                 :, pr : pr + core.height, pc : pc + core.width
             ]
+            self._high = max(self._high, core.row_off + core.height)
         else:
             rs, re_ = max(r0, 0), min(r0 + g.patch_size, g.height)
             cs, ce = max(c0, 0), min(c0 + g.patch_size, g.width)
@@ -153,10 +183,43 @@ class Canvas:
             assert self._wsum is not None
             w = self._weights()[rs - r0 : re_ - r0, cs - c0 : ce - c0]
             ts, te = rs - self._top, re_ - self._top
-            acc[:, ts:te, cs:ce] += patch[:, rs - r0 : re_ - r0, cs - c0 : ce - c0] * w
+            src: Any = patch[:, rs - r0 : re_ - r0, cs - c0 : ce - c0]
+            dst = acc[:, ts:te, cs:ce]
+            tmp = self._scratch(src)
+            if tmp is None:  # not float32 (or not where the canvas is): numpy/torch promote
+                dst += src * w
+            elif isinstance(tmp, np.ndarray):  # the same two operations, no temporary
+                np.multiply(src, w, out=tmp)
+                np.add(dst, tmp, out=dst)
+            else:
+                torch.mul(src, w, out=tmp)
+                dst.add_(tmp)
             self._wsum[ts:te, cs:ce] += w
+            self._high = max(self._high, re_)
         self._pending[row] -= 1
         self._advance()
+
+    def _scratch(self, src: Any) -> Any:
+        """A view of the reused (C, P, P) scratch buffer shaped like ``src``.
+
+        ``None`` when ``src`` is not float32 where the canvas is (then ``src * w`` promotes,
+        and the canvas computes it as it always did).
+        """
+        if self.device is None:
+            if not isinstance(src, np.ndarray) or src.dtype != np.float32:
+                return None
+        elif not (
+            isinstance(src, torch.Tensor)
+            and src.dtype == torch.float32
+            and src.device == self._acc.device
+        ):
+            return None
+        c, h, w = src.shape
+        tmp = self._tmp
+        if tmp is None or tmp.shape[0] != c:
+            p = self.grid.patch_size
+            tmp = self._tmp = self._zeros(c, p, p)
+        return tmp[:, :h, :w]
 
     def _advance(self) -> None:
         while self._pending.get(self._complete) == 0:
@@ -197,18 +260,26 @@ class Canvas:
         if n <= 0 or (n < min_rows and not self.complete):
             return None
         acc = self._ensure(channels, stop)
+        wsum = None
+        if self._wsum is not None:
+            # rows no patch weighed (all skipped) divide by 1.0: x / 1.0 == x exactly, the value
+            # the former `where=wsum > 0` kept; these rows are dropped below
+            wsum = self._wsum[:n]
+            if self.device is None:
+                np.copyto(wsum, np.float32(1.0), where=np.logical_not(wsum > 0))
+            else:
+                wsum.masked_fill_(wsum.gt(0).logical_not(), 1.0)
+        data: NDArray[Any] | transfer.HostCopy
         if self.device is None:
-            data = acc[:, :n].copy()
-            if self._wsum is not None:
-                np.divide(data, self._wsum[:n], out=data, where=self._wsum[:n] > 0)
+            data = acc[:, :n].copy() if wsum is None else np.divide(acc[:, :n], wsum)
         else:  # the same division on the device; only the finished rows come back
             rows = acc[:, :n]
-            if self._wsum is not None:
-                wsum = self._wsum[:n]
-                rows = torch.where(wsum > 0, rows / wsum, rows)
+            if wsum is not None:
+                rows = rows / wsum
             if reduce is not None:
                 rows = reduce(rows)
-            data = rows.cpu().numpy().copy()
+            # (no wait here: on a GPU the writer thread waits when it reads the band)
+            data = transfer.to_host(rows, copy=transfer.shares_memory(rows, acc))
         valid = None
         if self._valid is not None:
             self._valid_grow(stop)
@@ -218,18 +289,27 @@ class Canvas:
         return band
 
     def _drop(self, n: int) -> None:
-        """Forget the first ``n`` held rows, keeping the buffer's capacity for reuse."""
+        """Forget the first ``n`` held rows, keeping the buffer's capacity for reuse.
+
+        Of the accumulators only rows ``[n, high)`` hold data (no patch wrote further down):
+        those move up and what they leave behind (and the taken rows' weights) is cleared.
+        """
         assert self._acc is not None
         held = self._acc.shape[1]
-        for buf, fill in ((self._acc, 0), (self._wsum, 0), (self._valid, True)):
-            if buf is None:
-                continue
-            rows = buf.shape[-2]
-            keep = max(0, rows - n)
-            moved = buf[..., n : n + keep, :]
-            buf[..., :keep, :] = moved.clone() if isinstance(moved, torch.Tensor) else moved.copy()
-            buf[..., keep:, :] = fill
+        high = min(held, max(0, self._high - self._top))
+        keep = max(0, high - n)
+        clear = min(held, max(high, n))
+        for buf in (self._acc, self._wsum):
+            if buf is not None:
+                _move_up(buf, n, keep)
+                buf[..., keep:clear, :] = 0
+        if self._valid is not None:
+            rows = self._valid.shape[0]
+            keep_valid = max(0, rows - n)
+            _move_up(self._valid, n, keep_valid)
+            self._valid[keep_valid:] = True
         self._top += n
+        self._high = max(self._high, self._top)
         # the buffer never needs to reach past the image: shrink it near the bottom
         remaining = self.grid.height - self._top
         if remaining < held:
@@ -238,3 +318,24 @@ class Canvas:
                 self._wsum = self._wsum[:remaining]
         if self._valid is not None and remaining < self._valid.shape[0]:
             self._valid = self._valid[:remaining]
+
+
+def _move_up(buf: Any, n: int, keep: int) -> None:
+    """Rows ``[n, n + keep)`` of ``buf`` (rows on its second-to-last axis) to ``[0, keep)``.
+
+    In chunks of at most ``n`` rows, top first, so no chunk reads rows already overwritten and
+    no copy needs a temporary: numpy makes one whenever the bounds of source and destination
+    overlap (any two row ranges of a multi-channel buffer), so numpy copies channel by channel.
+    """
+    start = 0
+    while start < keep:
+        size = min(n, keep - start)
+        dst, src = slice(start, start + size), slice(n + start, n + start + size)
+        if isinstance(buf, torch.Tensor):
+            buf[..., dst, :].copy_(buf[..., src, :])
+        elif buf.ndim == 2:
+            buf[dst] = buf[src]
+        else:
+            for channel in buf:
+                channel[dst] = channel[src]
+        start += size

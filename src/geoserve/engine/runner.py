@@ -11,6 +11,16 @@ whose own patches make it fail. Start-up (:meth:`ModelRunner.start_up`):
 :meth:`ModelRunner.auto_batch` sizes ``"auto"`` batches; both on the uncompiled module while the
 batch size is still to be found, then a compiled model runs once at the final batch size: one
 graph serves every batch.
+
+On the CPU a batch of host patches is copied into a staging buffer reused from batch to batch
+(a fresh ``np.stack`` of tens of MB costs page faults each time). A model may hand back a view
+of its input (an identity, a channel slice), and outputs are stitched, cached and joined
+(halves of a batch split after running out of memory) after the forward pass returns: a
+buffer is reused only once nothing references the batch staged in it
+(:class:`~geoserve.engine.transfer.Staging`), so the next batch never overwrites a live output.
+On a GPU the batch is stacked as before (a new pageable array per batch, whose copy to the
+device is done with it when ``.to`` returns). Outputs come back to the host through
+:func:`geoserve.engine.transfer.to_host`, only when a patch's canvas is on the host.
 """
 
 from __future__ import annotations
@@ -27,6 +37,7 @@ import torch
 from einops import rearrange
 from numpy.typing import NDArray
 
+from geoserve.engine import transfer
 from geoserve.engine.request import Patch
 from geoserve.errors import (
     ConfigError,
@@ -108,6 +119,7 @@ class ModelRunner:
         self.dtype = dtype
         self.compiled = compiled
         self.max_batch_patches = max_batch_patches
+        self._staging = transfer.Staging()  # CPU batches, reused (see the module docstring)
 
     # -- start-up ----------------------------------------------------------------------------
 
@@ -217,11 +229,15 @@ class ModelRunner:
         try:
             out, tokens = self.forward_fitting(batch)
             if any(p.request.canvas.device is None for p in batch):
-                # one copy of the batch back to the host; on a GPU this is also where an
-                # asynchronous error of the forward pass surfaces, so it is retried like one
-                host = cast(NDArray[np.float32], out.cpu().numpy())
-                if tokens is not None:
-                    host_tokens = cast(NDArray[np.float32], tokens.cpu().numpy())
+                # one copy of the batch back to the host. A host canvas fed by a device model
+                # needs the values now: the one wait for the device that stays in the loop
+                # (both copies started first); on a GPU this is also where an asynchronous
+                # error of the forward pass surfaces, so it is retried like one
+                out_copy = transfer.to_host(out)
+                tokens_copy = transfer.to_host(tokens) if tokens is not None else None
+                host = cast(NDArray[np.float32], out_copy.wait())
+                if tokens_copy is not None:
+                    host_tokens = cast(NDArray[np.float32], tokens_copy.wait())
         except Exception as exc:
             if len(batch) == 1:
                 error = self._patch_failed(batch[0], exc)
@@ -288,13 +304,14 @@ class ModelRunner:
         first = batch[0].data
         x: Any
         if isinstance(first, Mapping):  # a multimodal model: one batch per modality
-            x = {k: _stack([p.data[k] for p in batch], self.device) for k in first}  # type: ignore[call-overload,index]
+            x = {k: self._stack([p.data[k] for p in batch], k) for k in first}  # type: ignore[call-overload,index]
         else:
-            x = _stack([p.data for p in batch], self.device)  # type: ignore[misc]
+            x = self._stack([p.data for p in batch], None)  # type: ignore[misc]
         kwargs: dict[str, Any] = {}
         for key in batch[0].request.ctx.model_kwargs:
             vals = np.stack([p.request.ctx.model_kwargs[key] for p in batch])
-            kwargs[key] = torch.from_numpy(vals).to(self.device)
+            # (from a new pageable array: done with it when `.to` returns, no wait for the GPU)
+            kwargs[key] = torch.from_numpy(vals).to(self.device, non_blocking=True)
         n = padded = len(batch)
         module = self.eager if eager else self.model
         if self.compiled and not eager and n < self.max_batch_patches:  # one shape: one graph
@@ -322,6 +339,15 @@ class ModelRunner:
         if tokens is not None:
             tokens = self._check_tokens(tokens[:n], batch, x)
         return y.float(), tokens
+
+    def _stack(self, datas: list[NDArray[Any] | torch.Tensor], key: str | None) -> torch.Tensor:
+        """One batch tensor on the device from host arrays or (already moved) device tensors."""
+        if not all(isinstance(d, np.ndarray) for d in datas):
+            return torch.stack([torch.as_tensor(d).to(self.device) for d in datas])
+        arrays = cast(list[NDArray[Any]], datas)
+        if self.device.type == "cpu":
+            return self._staging.stack(arrays, key)
+        return torch.from_numpy(np.stack(arrays)).to(self.device, non_blocking=True)
 
     def _call(
         self,
@@ -386,13 +412,6 @@ def _pad(x: Any, pad: int) -> Any:
     if isinstance(x, Mapping):
         return {k: _pad(v, pad) for k, v in x.items()}
     return torch.cat([x, x[-1:].expand(pad, *x.shape[1:])])
-
-
-def _stack(datas: list[NDArray[np.float32] | torch.Tensor], device: torch.device) -> torch.Tensor:
-    """One batch tensor on ``device`` from host arrays or (already moved) device tensors."""
-    if all(isinstance(d, np.ndarray) for d in datas):
-        return torch.from_numpy(np.stack(datas)).to(device, non_blocking=True)  # type: ignore[arg-type]
-    return torch.stack([torch.as_tensor(d).to(device) for d in datas])
 
 
 def resolve_dtype(dtype: torch.dtype | str | None) -> torch.dtype | None:

@@ -108,9 +108,9 @@ class SegmentationReassembler(OutputProcessor):
         small = len(self.classes) < 255
         index = blended.argmax(dim=0, keepdim=True).to(torch.uint8 if small else torch.int32)
         bad = ~torch.isfinite(blended).all(dim=0, keepdim=True)
-        if bool(bad.any()):  # a model that returned NaN or inf there: no class, nodata
-            index[bad] = 255 if small else 65535
-        return index
+        # a model that returned NaN or inf there: no class, nodata. Unconditionally (asking
+        # whether any pixel is bad would wait for the device every band)
+        return index.masked_fill_(bad, 255 if small else 65535)
 
     def finalize(
         self,
