@@ -322,3 +322,24 @@ def test_rows_across_decoded_chunks_equal_the_reference(tmp_path, layout, patch,
             if core is not None:
                 np.testing.assert_array_equal(got.core_valid, core)
         assert src.rows_decoded == 301  # every row (and block) decoded once
+
+
+def test_a_stalled_fetch_holds_one_reader_thread_not_all():
+    """Row r + 1 is submitted only once row r is fetched: a request whose input stalls never
+    parks a second pool thread waiting for its turn, so another request reads on."""
+    gate = threading.Event()
+
+    def stalled(row):
+        gate.wait(10)
+        return row
+
+    with ThreadPoolExecutor(2) as pool:
+        slow = RowPrefetcher(stalled, 10, pool, depth=3, parallel=3)
+        slow.start()
+        other = RowPrefetcher(lambda r: r, 10, pool, depth=3, parallel=3)
+        other.start()
+        t0 = time.monotonic()
+        assert [other.next() for _ in range(10)] == list(range(10))
+        assert time.monotonic() - t0 < 5  # not held until the stalled input gives up
+        gate.set()
+        slow.close()

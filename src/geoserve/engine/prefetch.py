@@ -77,10 +77,16 @@ class RowPrefetcher(Generic[T]):
             self._pump()
 
     def _pump(self) -> None:
-        """Submit rows while fewer than ``parallel`` are running and ``depth`` are ahead."""
-        while (
+        """Submit the next row once the rows before it are fetched (and within the bounds).
+
+        The bounds: fewer than ``parallel`` rows running, fewer than ``depth`` ahead. Waiting
+        for the fetch before means no task ever holds a pool thread waiting for its turn: a
+        request whose input stalls occupies one reader thread, never all of them.
+        """
+        if (
             self._pool is not None
             and not self._closed
+            and self._turn == self._next
             and self._running < self._parallel
             and self._next < self._rows
             and len(self._ahead) < self._depth
@@ -109,6 +115,7 @@ class RowPrefetcher(Generic[T]):
         with self._lock:
             self._turn = row + 1
             self._lock.notify_all()
+            self._pump()  # the next row's fetch, while this one is cut
         try:
             return self._cut(row, fetched)
         finally:
