@@ -119,11 +119,6 @@ class AsyncEngine:
         return self._remaining
 
     @property
-    def reserved_memory(self) -> int:
-        """Estimated bytes the admitted requests hold (:attr:`Request.memory_bytes`)."""
-        return self.memory.total
-
-    @property
     def in_flight(self) -> int:
         """Requests admitted and not yet finished."""
         with self._lock:

@@ -13,9 +13,16 @@ import shutil
 import warnings
 from pathlib import Path
 
+import numpy as np
+
 from geoserve.config import DEFAULT_MAX_PATCHES as DEFAULT_MAX_PATCHES
 from geoserve.engine.request import Request
 from geoserve.errors import GeoServeWarning, PayloadTooLargeError
+from geoserve.schemas import TOKEN_KINDS
+
+#: Token width assumed for a request's memory before the model has returned tokens (the widest
+#: served encoder: Prithvi-EO-2.0-600M, 1280).
+TOKEN_WIDTH_BOUND = 1280
 
 #: Share of the machine's physical memory one request's estimate may take by default.
 MEMORY_SHARE = 0.75
@@ -84,3 +91,58 @@ def warn_if_disk_short(path: Path, req: Request) -> None:
             DiskSpaceWarning,
             stacklevel=3,
         )
+
+
+def memory_estimate(req: Request) -> int:
+    """Estimated peak memory of ``req`` while it streams, from its inputs' headers alone.
+
+    What a request holds does not follow its pixel count but its *padded row*: every grid
+    row is read ``patch_size`` rows tall over the whole width, so a 1-pixel-tall strip
+    costs as much per row as a full scene of that width. Per request:
+
+    - ``min(prefetch_rows + 2, grid rows)`` grid rows alive (read ahead, being cut,
+      patches queued), each ``P x W' x bands x dates`` values held raw and as float32;
+    - the source's cache of decoded rows (``P`` plus one block of rows, at most ``H``),
+      and the block GDAL decodes at once (a whole strip, every band of it when
+      pixel-interleaved: :attr:`RasterInfo.block_bytes`);
+    - the input bytes themselves, for uploads and base64 (:attr:`RasterInfo.held_bytes`);
+    - for an input warped onto the grid, the warper's buffer: the input window one block
+      of the grid covers (:meth:`RasterSource.warp_bytes`; all of a much finer input);
+    - the canvas: ``min(P + S, H)`` rows of ``W`` float32 values per output channel, and
+      the weights; for an embeddings kind, the token canvas too (the same rows on the
+      token grid, ``D`` values per token, ``D`` taken as :data:`TOKEN_WIDTH_BOUND` until
+      the model has said);
+    - each output kind held whole in memory (bytes, base64, tensor): ``H x W`` values per
+      output channel (1 byte for class maps, else 4), a third more as base64;
+
+    with ``W' = cols x S + (P - S)`` the padded width. docs/serving.md states the formula.
+    """
+    g = req.ctx.grid
+    p, s = g.patch_size, g.stride
+    padded = g.cols * s + (p - s)
+    values = req.ctx.input_values
+    infos = [src.info for src in req.sources]
+    raw = max(np.dtype(i.dtype).itemsize for i in infos)
+    rows = min(req.prefetch_rows + 2, g.rows) * p * padded * values * (4 + raw)
+    block_rows = max((i.block_bytes // max(1, i.width * raw) for i in infos), default=0)
+    cache = min(p + max(block_rows, 1), g.height) * g.width * values * raw
+    cache += sum(i.block_bytes + i.held_bytes for i in infos)
+    channels = req.out_proc.out_channels or values
+    canvas = min(p + s, g.height) * g.width * (channels + 1) * 4
+    cache += sum(src.warp_bytes(bands) for src, bands in req.reads())
+    if req.token_size:  # the token canvas, D channels over the token grid's rows
+        t, d = req.token_size, req.token_channels or TOKEN_WIDTH_BOUND
+        canvas += -(-min(p + s, g.height) // t) * -(-g.width // t) * (d + 1) * 4
+    whole = 0
+    if req.out_format != "path":
+        for product in req.products():
+            kind = getattr(product.proc, "kind", None)
+            size = 1 if kind in ("classes", "polygons") else 4
+            n = 1 if kind in ("classes", "polygons", "confidence") else channels
+            pixels = g.height * g.width
+            if kind in TOKEN_KINDS:  # D values per token (per patch: few)
+                t, n = req.token_size or 1, req.token_channels or TOKEN_WIDTH_BOUND
+                pixels = -(-g.height // t) * -(-g.width // t)
+            whole += pixels * n * size * (7 if req.out_format == "b64" else 3)
+        whole //= 3
+    return rows + cache + canvas + whole
