@@ -136,12 +136,26 @@ def bf16(device: torch.device, _tmp: Path) -> dict[str, Any]:
     return {"ok": True, "class_agreement": agree, "max_abs_diff": float((ref - low).abs().max())}
 
 
+def timings(device: torch.device, _tmp: Path) -> dict[str, Any]:
+    """A CUDA run's timings see the device: its forwards' time (events), the waits for it."""
+    with Engine("bench-conv-lake", device=str(device)) as engine:
+        t = engine.generate_image(LAKE, out_format="tensor").raise_for_error().timings
+    if device.type == "cuda":
+        assert t.device > 0, t
+    else:
+        assert t.device == 0, t
+    assert t.read_busy > 0, t
+    assert t.device_wait >= 0, t
+    return {"ok": True, **vars(t)}
+
+
 CHECKS: dict[str, Callable[[torch.device, Path], dict[str, Any]]] = {
     "upload_uint16": upload_uint16,
     "device_cut": device_cut,
     "device_canvas": device_canvas,
     "oom_backoff": oom_backoff,
     "bf16": bf16,
+    "timings": timings,
 }
 
 

@@ -106,6 +106,9 @@ class OutputStage:
                 req.stitched += 1
                 req.timings.stitch += time.perf_counter() - t1
                 req.timings.model += part.seconds
+                req.timings.device_wait += part.wait_seconds
+                if part.span is not None:
+                    req.device_spans.append(part.span)
 
     def emit(self, req: Request, streaming: bool = True) -> None:
         """Queue the request's newly final output rows on its writer lane.

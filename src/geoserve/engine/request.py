@@ -31,6 +31,7 @@ import torch
 from geoserve.engine.canvas import Canvas, RowBand
 from geoserve.engine.prefetch import RowPrefetcher
 from geoserve.engine.products import Product, commit_all
+from geoserve.engine.transfer import DeviceSpan
 from geoserve.errors import GeoServeError
 from geoserve.processors.base import (
     InputProcessor,
@@ -109,6 +110,8 @@ class Request:
     patch_keys: PatchKeys | None = None  # its patches' keys in a shared cache (map tiles)
     #: Set when the request is aborted (timed out, its client gone): its commit stops.
     cancelled: threading.Event = field(default_factory=threading.Event)
+    #: The forward passes of its patches (one entry per patch), for ``timings.device``.
+    device_spans: list[DeviceSpan] = field(default_factory=list, repr=False)
     _rows: RowPrefetcher[PatchRow] = field(init=False)
     _waited_on: Future[PatchRow] | None = field(default=None, init=False, repr=False)
 
@@ -338,6 +341,11 @@ class Request:
         if by_kind is None:
             by_kind = {output.kind or "": output} if output is not None else {}
         self.timings.read_busy = self._rows.busy_seconds
+        # each patch's share of its forward pass on the device (done by now: it was written)
+        shares: dict[int, tuple[DeviceSpan, int]] = {}
+        for span in self.device_spans:
+            shares[id(span)] = (span, shares.get(id(span), (span, 0))[1] + 1)
+        self.timings.device = sum(span.seconds() * k / span.patches for span, k in shares.values())
         return ImageRequestOutput(
             self.request_id, True, output, error, self.num_patches, self.timings, by_kind
         )

@@ -70,6 +70,8 @@ class BatchOutput:
         tokens: (B, D, P / t, P / t) float32 encoder tokens, when a request of the batch asked
             for an embeddings kind (on the device).
         host_tokens: ``tokens`` copied to the host, when some patch's canvas is there.
+        wait_seconds: Time per patch the main thread waited for the device (the host copies).
+        span: The forward pass's time on the device (CUDA events; 0 elsewhere).
     """
 
     patches: list[Patch]
@@ -79,6 +81,8 @@ class BatchOutput:
     error: GeoServeError | None = None
     tokens: torch.Tensor | None = None
     host_tokens: NDArray[np.float32] | None = None
+    wait_seconds: float = 0.0
+    span: transfer.DeviceSpan | None = None
 
 
 class ModelRunner:
@@ -226,8 +230,12 @@ class ModelRunner:
         host: NDArray[np.float32] | None = None
         error: GeoServeError | None = None
         host_tokens: NDArray[np.float32] | None = None
+        span = transfer.DeviceSpan(self.device)
+        waited = 0.0
         try:
             out, tokens = self.forward_fitting(batch)
+            span.stop(len(batch))
+            t1 = time.perf_counter()
             if any(p.request.canvas.device is None for p in batch):
                 # one copy of the batch back to the host. A host canvas fed by a device model
                 # needs the values now: the one wait for the device that stays in the loop
@@ -238,6 +246,7 @@ class ModelRunner:
                 host = cast(NDArray[np.float32], out_copy.wait())
                 if tokens_copy is not None:
                     host_tokens = cast(NDArray[np.float32], tokens_copy.wait())
+            waited = time.perf_counter() - t1
         except Exception as exc:
             if len(batch) == 1:
                 error = self._patch_failed(batch[0], exc)
@@ -246,8 +255,11 @@ class ModelRunner:
                     "forward pass of %d patches failed (%r); retrying each half", len(batch), exc
                 )
         else:
-            seconds = (time.perf_counter() - t0) / len(batch)
-            yield BatchOutput(batch, out, host, seconds, None, tokens, host_tokens)
+            n = len(batch)
+            seconds = (time.perf_counter() - t0 - waited) / n
+            yield BatchOutput(
+                batch, out, host, seconds, None, tokens, host_tokens, waited / n, span
+            )
             return
         if error is not None:
             yield BatchOutput(batch, error=error)

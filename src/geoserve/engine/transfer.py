@@ -137,3 +137,36 @@ def shares_memory(a: torch.Tensor, b: torch.Tensor | NDArray[Any]) -> bool:
         sb = b.untyped_storage()
         blo, bhi = sb.data_ptr(), sb.data_ptr() + sb.nbytes()
     return lo < hi and blo < bhi and lo < bhi and blo < hi
+
+
+class DeviceSpan:
+    """CUDA events around work queued on a device: its time there, read later without a wait.
+
+    :meth:`seconds` is read once the work is known to be done (a request's outputs are
+    written), so timing a forward pass never makes the loop wait for the device. Off CUDA
+    there is nothing to time and it says 0.
+    """
+
+    __slots__ = ("_end", "_start", "patches")
+
+    def __init__(self, device: torch.device) -> None:
+        self._start: Any = None
+        self._end: Any = None
+        self.patches = 1  # the work's patches: each has this share of its time
+        if device.type == "cuda":
+            self._start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+            self._start.record()
+
+    def stop(self, patches: int = 1) -> None:
+        """Mark the end of the work queued since the span began (for ``patches`` patches)."""
+        self.patches = max(1, patches)
+        if self._start is not None:
+            self._end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+            self._end.record()
+
+    def seconds(self) -> float:
+        """The device's time between the two marks (waits for the end mark if needed)."""
+        if self._end is None:
+            return 0.0
+        self._end.synchronize()
+        return float(self._start.elapsed_time(self._end)) / 1000
