@@ -30,6 +30,8 @@ import torch
 from cachetools import LRUCache
 from numpy.typing import NDArray
 
+from geoserve.engine import transfer
+
 if TYPE_CHECKING:
     from geoserve.engine.request import Patch
     from geoserve.engine.runner import BatchOutput
@@ -83,6 +85,7 @@ class PatchCache:
         """Keep the outputs of ``part``'s patches that have a key for this cache."""
         if part.out is None:
             return
+        host = part.host
         with self._lock:
             for i, patch in enumerate(part.patches):
                 keys = patch.request.patch_keys
@@ -91,7 +94,9 @@ class PatchCache:
                 key = keys.key(patch.row, patch.col)
                 if not _reusable(key):
                     continue
-                out = part.host[i] if part.host is not None else part.out[i].cpu().numpy()
+                if host is None:  # stitched on the device: one copy of the part, not per patch
+                    host = transfer.to_host(part.out).wait()
+                out = host[i]
                 value = np.array(out, dtype=np.float32, copy=True)
                 if value.nbytes <= self.max_bytes:
                     self._lru[key] = value

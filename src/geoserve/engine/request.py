@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from geoserve.engine import transfer
 from geoserve.engine.canvas import Canvas, RowBand
 from geoserve.engine.prefetch import RowPrefetcher
 from geoserve.engine.products import Product, commit_all
@@ -281,7 +282,7 @@ class Request:
                 pooled = (
                     tokens.mean(axis=(1, 2))
                     if isinstance(tokens, np.ndarray)
-                    else (tokens.mean(dim=(1, 2)).cpu().numpy())
+                    else transfer.to_host(tokens.mean(dim=(1, 2))).wait()
                 )
                 product.sink.add_patch(row, col, self.ctx.grid.core_window(row, col), pooled)
 
