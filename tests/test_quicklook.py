@@ -10,8 +10,9 @@ from PIL import Image
 from rasterio.enums import Resampling
 from rasterio.env import get_gdal_config, set_gdal_config
 
-from geoserve.quicklook import choose_bands, render_quicklook
+from geoserve.quicklook import render_quicklook
 from geoserve.raster.thumbnail import read_thumbnail, thumbnail_shape
+from geoserve.raster.true_colour import choose_bands
 from tests.conftest import write_geotiff
 
 PURE_RED, CYAN = (255, 0, 0), (0, 255, 255)

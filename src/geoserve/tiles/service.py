@@ -334,8 +334,8 @@ class TileService:
         The bands come from the model's band roles; ``identity`` (the scene's content) keys
         the cache.
         """
-        from geoserve.quicklook import choose_bands, stretch_limits
         from geoserve.raster.thumbnail import read_thumbnail
+        from geoserve.raster.true_colour import choose_bands, stretch_limits
 
         with _open(path, self.formats) as src:
             try:
