@@ -29,11 +29,11 @@ from typing import Any
 
 from geoserve.engine.admission import ImageInput
 from geoserve.engine.admission_pool import AdmissionPool, reaches_network
+from geoserve.engine.batch import PatchKeys
 from geoserve.engine.core import Engine
 from geoserve.engine.heap import trim_heap
 from geoserve.engine.ledger import MemoryLedger
 from geoserve.engine.limits import check_request
-from geoserve.engine.patch_cache import PatchKeys
 from geoserve.engine.request import Request
 from geoserve.errors import (
     GeoServeError,

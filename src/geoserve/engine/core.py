@@ -34,6 +34,7 @@ import torch
 
 from geoserve.config import EngineConfig
 from geoserve.engine.admission import Admission, ImageInput
+from geoserve.engine.batch import Patch
 from geoserve.engine.cpu_inference import check_cpu_options, quantize_model
 from geoserve.engine.limits import (
     MB,
@@ -42,11 +43,10 @@ from geoserve.engine.limits import (
 from geoserve.engine.model_loader import build_model, resolve_model
 from geoserve.engine.output import OutputStage
 from geoserve.engine.patch_cache import remember_all, split_cached
-from geoserve.engine.request import Patch
 from geoserve.engine.runner import ModelRunner
 from geoserve.engine.runner import resolve_dtype as _resolve_dtype
 from geoserve.engine.scheduler import Scheduler
-from geoserve.engine.tensor_request import TensorRequest
+from geoserve.engine.tensor_request import TensorRequest, tensor_patcher
 from geoserve.errors import (
     ConfigError,
     GeoServeError,
@@ -401,7 +401,7 @@ class Engine(Admission):
         Each tensor is (C, H, W) or (C, T, H, W) of any size; it is tiled with this engine's
         patch grid and the blended raw model output (C_out, H, W) comes back in ``.tensors``.
         """
-        proc = self.in_proc.for_tensors()
+        proc = tensor_patcher(self.in_proc)
         ids = []
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", NotGeoreferencedWarning)

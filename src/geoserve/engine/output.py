@@ -33,12 +33,12 @@ from concurrent import futures
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
+from geoserve.engine.batch import BatchOutput
 from geoserve.engine.canvas import RowBand
 from geoserve.engine.failures import FINISH, STITCH, WRITE, Fail, isolate, request_error
 from geoserve.engine.lanes import Lanes
 from geoserve.engine.products import discard
 from geoserve.engine.request import Request
-from geoserve.engine.runner import BatchOutput
 from geoserve.errors import ModelOutputShapeError, RequestAbortedError
 from geoserve.schemas import VECTOR_KINDS, ImageOutput, ImageRequestOutput, TensorRequestOutput
 

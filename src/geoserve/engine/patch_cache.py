@@ -21,9 +21,8 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable, Hashable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from collections.abc import Hashable
+from typing import Any
 
 import numpy as np
 import torch
@@ -31,10 +30,7 @@ from cachetools import LRUCache
 from numpy.typing import NDArray
 
 from geoserve.engine import transfer
-
-if TYPE_CHECKING:
-    from geoserve.engine.request import Patch
-    from geoserve.engine.runner import BatchOutput
+from geoserve.engine.batch import BatchOutput, Patch
 
 
 class PatchCache:
@@ -59,8 +55,6 @@ class PatchCache:
         self, batch: list[Patch], device: torch.device
     ) -> tuple[list[Patch], BatchOutput | None]:
         """``batch`` without the patches whose output is cached, and those as an output."""
-        from geoserve.engine.runner import BatchOutput
-
         rest: list[Patch] = []
         hits: list[Patch] = []
         outs: list[NDArray[np.float32]] = []
@@ -132,19 +126,6 @@ def _reusable(key: Hashable | None) -> bool:
         return False
     parts = key if isinstance(key, tuple) else (key,)
     return not any(isinstance(part, Unvalidated) for part in parts)
-
-
-@dataclass(frozen=True)
-class PatchKeys:
-    """How one request's patches are named in a :class:`PatchCache`.
-
-    ``key(row, col)`` is the key of the request's grid patch (row, col), or None for a patch
-    whose input is not the scene's own (one filled at the edge of a cut-out); see
-    :mod:`geoserve.tiles.plan`.
-    """
-
-    cache: PatchCache
-    key: Callable[[int, int], Hashable | None]
 
 
 def split_cached(

@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from geoserve.engine import transfer
+from geoserve.engine.batch import Patch
 from geoserve.engine.canvas import Canvas, RowBand
 from geoserve.engine.prefetch import RowPrefetcher
 from geoserve.engine.products import Product, commit_all
@@ -55,19 +56,9 @@ from geoserve.schemas import (
 )
 
 if TYPE_CHECKING:
-    from geoserve.engine.patch_cache import PatchKeys
+    from geoserve.engine.batch import PatchKeys
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class Patch:
-    """One queued model input and where its output goes."""
-
-    request: Request
-    row: int
-    col: int
-    data: ModelInput
 
 
 @dataclass
@@ -104,6 +95,8 @@ class Request:
     arrival: float = field(default_factory=time.monotonic)
     stitched: int = 0
     skipped: int = 0
+    #: Pixels of its class maps the model returned NaN or inf for (each pixel once).
+    nonfinite_pixels: int = 0
     more_outputs: tuple[Product, ...] = ()
     token_size: int | None = None
     token_canvas: Canvas | None = field(init=False, default=None)
@@ -310,6 +303,7 @@ class Request:
             if (p.kind == "embeddings") != tokens or p.kind == "patch-embeddings":
                 continue
             targets.append((self.to_raster if i == 0 else partial(self._finalize, p.proc), p.sink))
+        nonfinite = 0
         for make, sink in targets:
             t0 = time.perf_counter()
             raster = make(band)
@@ -317,6 +311,8 @@ class Request:
             sink.write(band.row, raster)
             self.timings.finalize += t1 - t0
             self.timings.write += time.perf_counter() - t1
+            nonfinite = max(nonfinite, raster.nonfinite)  # (classes and polygons: one map)
+        self.nonfinite_pixels += nonfinite
 
     def _finalize(self, proc: OutputProcessor, band: RowBand) -> OutputRaster:
         return proc.finalize(band.data, band.valid, self.ctx)
@@ -348,7 +344,14 @@ class Request:
             shares[id(span)] = (span, shares.get(id(span), (span, 0))[1] + 1)
         self.timings.device = sum(span.seconds() * k / span.patches for span, k in shares.values())
         return ImageRequestOutput(
-            self.request_id, True, output, error, self.num_patches, self.timings, by_kind
+            self.request_id,
+            True,
+            output,
+            error,
+            self.num_patches,
+            self.timings,
+            by_kind,
+            self.nonfinite_pixels,
         )
 
     def close(self) -> None:

@@ -29,7 +29,6 @@ import contextlib
 import logging
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
 from typing import Any, cast
 
 import numpy as np
@@ -38,7 +37,7 @@ from einops import rearrange
 from numpy.typing import NDArray
 
 from geoserve.engine import transfer
-from geoserve.engine.request import Patch
+from geoserve.engine.batch import BatchOutput, Patch
 from geoserve.errors import (
     ConfigError,
     GeoServeError,
@@ -55,34 +54,6 @@ logger = logging.getLogger(__name__)
 AUTO_CPU_BATCH = 8
 #: Most patches per batch ``"auto"`` picks on a GPU.
 AUTO_MAX_BATCH = 256
-
-
-@dataclass
-class BatchOutput:
-    """What :meth:`ModelRunner.run` made of some of a batch's patches.
-
-    Attributes:
-        patches: The patches, in the order of the outputs.
-        out: (B, C_out, P, P) float32 on the model's device.
-        host: ``out`` copied to the host, when some patch's canvas is there.
-        seconds: Model time per patch.
-        error: Instead of outputs: why the forward pass failed on these patches.
-        tokens: (B, D, P / t, P / t) float32 encoder tokens, when a request of the batch asked
-            for an embeddings kind (on the device).
-        host_tokens: ``tokens`` copied to the host, when some patch's canvas is there.
-        wait_seconds: Time per patch the main thread waited for the device (the host copies).
-        span: The forward pass's time on the device (CUDA events; 0 elsewhere).
-    """
-
-    patches: list[Patch]
-    out: torch.Tensor | None = None
-    host: NDArray[np.float32] | None = None
-    seconds: float = 0.0
-    error: GeoServeError | None = None
-    tokens: torch.Tensor | None = None
-    host_tokens: NDArray[np.float32] | None = None
-    wait_seconds: float = 0.0
-    span: transfer.DeviceSpan | None = None
 
 
 class ModelRunner:

@@ -28,7 +28,8 @@ from geoserve.errors import GeoServeError
 if TYPE_CHECKING:
     import contextlib
 
-    from geoserve.engine.request import Patch, Request
+    from geoserve.engine.batch import Patch
+    from geoserve.engine.request import Request
     from geoserve.schemas import ImageRequestOutput, TensorRequestOutput
 
 #: Longest a step with nothing to run waits for a row still being read (then looks again).

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from geoserve.engine.canvas import RowBand
 from geoserve.engine.request import Request
 from geoserve.errors import GeoServeError
-from geoserve.processors.base import ModelInput
+from geoserve.processors.base import InputProcessor, ModelInput
+from geoserve.processors.patcher import GeoTiffPatcher
 from geoserve.raster.write import OutputRaster
 from geoserve.schemas import ImageOutput, TensorRequestOutput
 
@@ -59,3 +60,15 @@ class TensorRequest(Request):
         return TensorRequestOutput(
             self.request_id, True, tensor, error, self.num_patches, self.timings
         )
+
+
+def tensor_patcher(proc: InputProcessor) -> GeoTiffPatcher:
+    """The processor that cuts already-normalised tensors on ``proc``'s grid.
+
+    The same patch size, stride and blend; every band, no scaling, no nodata: no value changes.
+    """
+    return GeoTiffPatcher(
+        patch_size=proc.patch_size,
+        stride=proc.stride,
+        blend=proc.blend,  # type: ignore[arg-type]
+    )

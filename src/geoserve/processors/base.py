@@ -240,20 +240,6 @@ class InputProcessor(ABC, Configurable):
         patches: PatchRow = fetched
         return patches
 
-    def for_tensors(self) -> InputProcessor:
-        """The processor for already-normalised tensors (:meth:`Engine.transform`).
-
-        It cuts them on this processor's grid (patch size, stride, blend) and changes no value:
-        every band, no scaling, no nodata.
-        """
-        from geoserve.processors.patcher import GeoTiffPatcher  # (it builds on this module)
-
-        return GeoTiffPatcher(
-            patch_size=self.patch_size,
-            stride=self.stride,
-            blend=self.blend,  # type: ignore[arg-type]
-        )
-
     @abstractmethod
     def dummy_input(self, seed: int = 0) -> RasterArray:
         """A tiny synthetic raster this processor accepts (for warm-up and tests)."""
