@@ -37,7 +37,8 @@ from rasterio.enums import Resampling
 from rasterio.vrt import WarpedVRT
 from rasterio.windows import Window
 
-from geoserve.engine.patch_cache import PatchCache, PatchKeys
+from geoserve.engine.batch import PatchKeys
+from geoserve.engine.patch_cache import PatchCache
 from geoserve.errors import InputError, ZoomTooLowError
 from geoserve.raster.budget import OpenBudget
 from geoserve.raster.dataset import DatasetSource
