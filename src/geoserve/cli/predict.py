@@ -248,13 +248,13 @@ def _predict_all(
         from geoserve.quicklook import preload
 
         threading.Thread(target=preload, name="geoserve-quicklook-import", daemon=True).start()
-    while engine.has_unfinished():
-        results = engine.step()
+    def show(stitched: int, _total: int) -> None:
         if progress is not None:
-            progress.update(total - engine.queued_patches, final=not engine.has_unfinished())
-        for result in results:
-            patches += result.num_patches
-            failed += _report(result, args, quicklooks, engine.in_proc, on)
+            progress.update(min(stitched, total), final=not engine.has_unfinished())
+
+    for result in engine.run_until_done(show):
+        patches += result.num_patches
+        failed += _report(result, args, quicklooks, engine.in_proc, on)
     if not args.quiet and len(items) > 1:
         dt = time.perf_counter() - t0
         print(
