@@ -79,7 +79,7 @@ def test_positional_bands_are_read_by_the_models_roles(scenes, tmp_path):
     ten = s2_array(SIZE).astype(np.float32)
     np.testing.assert_array_equal(data[:3], ten[:3])  # blue, green, red; not nir (B08)
     from geoserve.raster.source import open_raster
-    from geoserve.raster.stac import open_item, wanted_bands
+    from geoserve.raster.stac_stack import open_item, wanted_bands
 
     def opener(href: str):
         return open_raster(href, "path")

@@ -15,8 +15,8 @@ from rasterio.warp import Resampling, reproject
 from geoserve.errors import BandMismatchError, InputError, RasterReadError
 from geoserve.raster.align import StackedSource, TargetGrid, WarpedSource, align
 from geoserve.raster.source import open_raster
-from geoserve.raster.stac import Wanted, open_item, select_bands, wanted_bands
 from geoserve.raster.stac_item import StacItem, is_stac_input
+from geoserve.raster.stac_stack import Wanted, open_item, select_bands, wanted_bands
 from tests.conftest import serve_ranges
 from tests.multimodal_scenes import s2_array
 from tests.stac_items import (

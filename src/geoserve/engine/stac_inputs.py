@@ -1,7 +1,7 @@
 """Which bands of a STAC Item input a request reads: the model's processor asked.
 
 An Item input (:mod:`geoserve.raster.stac_item`) is opened as one stack of the bands the
-request's input processor reads (:func:`geoserve.raster.stac.open_item`):
+request's input processor reads (:func:`geoserve.raster.stac_stack.open_item`):
 
 - a single input, or the dates of one place: the processor's bands
   (:meth:`~geoserve.processors.InputProcessor.band_selectors`);
@@ -23,8 +23,8 @@ from typing import Any
 from geoserve.errors import GeoServeError, prefixed
 from geoserve.processors.base import InputProcessor
 from geoserve.raster.source import DataFormat, RasterLike, RasterSource, open_raster
-from geoserve.raster.stac import open_item, roles_for, wanted_bands
 from geoserve.raster.stac_item import StacItem, is_stac_input
+from geoserve.raster.stac_stack import open_item, roles_for, wanted_bands
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""A STAC Item read as one input: the bands a model needs, from the files that hold them.
+"""A STAC Item read as one input, its bands stacked: the bands a model needs, from their files.
 
 Most Items keep one band per file: a Sentinel-2 L2A Item has ``blue``, ``green``, ``red``,
 ``nir`` at 10 m and ``nir08``, ``swir16``, ``swir22`` at 20 m, each its own Cloud-Optimized
