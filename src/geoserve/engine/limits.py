@@ -18,6 +18,7 @@ import numpy as np
 from geoserve.config import DEFAULT_MAX_PATCHES as DEFAULT_MAX_PATCHES
 from geoserve.engine.request import Request
 from geoserve.errors import GeoServeWarning, PayloadTooLargeError
+from geoserve.raster.dataset import CHUNK_ROWS
 from geoserve.schemas import TOKEN_KINDS
 
 #: Token width assumed for a request's memory before the model has returned tokens (the widest
@@ -102,9 +103,11 @@ def memory_estimate(req: Request) -> int:
 
     - ``min(prefetch_rows + 2, grid rows)`` grid rows alive (read ahead, being cut,
       patches queued), each ``P x W' x bands x dates`` values held raw and as float32;
-    - the source's cache of decoded rows (``P`` plus one block of rows, at most ``H``),
-      and the block GDAL decodes at once (a whole strip, every band of it when
-      pixel-interleaved: :attr:`RasterInfo.block_bytes`);
+    - the source's row buffer of decoded rows (the chunks under one grid row, whole block
+      rows and at least :data:`~geoserve.raster.dataset.CHUNK_ROWS` rows each, and one spare:
+      ``(ceil(P / chunk) + 2) x chunk`` rows, at most ``2 H``), and the block GDAL decodes
+      at once (a whole strip, every band of it when pixel-interleaved:
+      :attr:`RasterInfo.block_bytes`);
     - the input bytes themselves, for uploads and base64 (:attr:`RasterInfo.held_bytes`);
     - for an input warped onto the grid, the warper's buffer: the input window one block
       of the grid covers (:meth:`RasterSource.warp_bytes`; all of a much finer input);
@@ -125,7 +128,10 @@ def memory_estimate(req: Request) -> int:
     raw = max(np.dtype(i.dtype).itemsize for i in infos)
     rows = min(req.prefetch_rows + 2, g.rows) * p * padded * values * (4 + raw)
     block_rows = max((i.block_bytes // max(1, i.width * raw) for i in infos), default=0)
-    cache = min(p + max(block_rows, 1), g.height) * g.width * values * raw
+    # the row buffer: the chunks under one grid row (whole block rows, at least CHUNK_ROWS
+    # rows each: at most ceil(P / chunk) + 1 of them) and one spare chunk to decode into
+    chunk = -(-CHUNK_ROWS // max(block_rows, 1)) * max(block_rows, 1)
+    cache = min((-(-p // chunk) + 2) * chunk, 2 * g.height) * g.width * values * raw
     cache += sum(i.block_bytes + i.held_bytes for i in infos)
     channels = req.out_proc.out_channels or values
     canvas = min(p + s, g.height) * g.width * (channels + 1) * 4

@@ -178,7 +178,8 @@ class DatasetSource(RasterSource):
             rows = min(self._chunk_rows, self.info.height - next_row)
             out = self._spare.pop() if self._spare else None
             if out is None or out.shape[0] < len(key):
-                out = np.empty((len(key), self._chunk_rows, self.info.width), self.info.dtype)
+                shape = (len(key), min(self._chunk_rows, self.info.height), self.info.width)
+                out = np.empty(shape, self.info.dtype)
             self._read(next_row, next_row + rows, key, out[: len(key), :rows])
             chunks.append((next_row, rows, out))
             next_row += rows
@@ -193,7 +194,7 @@ class DatasetSource(RasterSource):
         """Drop the first ``n`` chunks, keeping their arrays for the next decodes."""
         for _ in range(n):
             self._spare.append(self._chunks.popleft()[2])
-        del self._spare[2:]  # (a chunk or two ahead is all a forward reader needs)
+        del self._spare[1:]  # (one is all a forward reader needs: see memory_estimate)
 
     def restrict(self, window: Window, name: str) -> None:
         """From now on, the source is ``window`` of the file (its grid, its rows), named ``name``.
