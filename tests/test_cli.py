@@ -63,6 +63,21 @@ def test_wrong_bands_exit_1_names_file_band_and_model(tmp_path):
     assert not (tmp_path / "o.tif").exists()
 
 
+def test_a_file_demo_water_cannot_read_is_told_what_it_takes(tmp_path, capsys):
+    """The band error, and ``info``'s "fits: no", say the model's input in words."""
+    from geoserve.cli import main
+
+    stack = "a 13-band Sentinel-2 L1C stack (B01-B08, B8A, B09-B12, in that order)"
+    assert main(["predict", str(RGB), "-o", str(tmp_path / "o.tif"), "-m", "demo-water"]) == 1
+    err = capsys.readouterr().err
+    assert "RGB.byte.tif has 3 bands; band index 3 (0-based) does not exist; model " in err
+    assert f"'demo-water' takes {stack}, 10 m" in err
+    assert "; it reads bands 1, 2, 3, 8, 11, 12 (choose others with --bands" in err
+    assert not (tmp_path / "o.tif").exists()
+    assert main(["info", str(RGB), "--model", "demo-water"]) == 1
+    assert f"does not exist; it takes {stack}" in capsys.readouterr().out
+
+
 @needs_shared(RGB)
 def test_debug_shows_traceback(tmp_path):
     res = run("--debug", "predict", str(RGB), "-o", str(tmp_path / "o.tif"))

@@ -42,15 +42,14 @@ MODEL_ARGS = {
 }
 
 
-@pytest.fixture(scope="module")
-def fine_tune(tmp_path_factory):
-    """(config, checkpoint, reference model, scene): one model of its own directory."""
-    root = tmp_path_factory.mktemp("fine_tune")
+def write_fine_tune(
+    model_dir: Path, ckpt_name: str = "epoch=3.ckpt"
+) -> tuple[Path, Path, torch.nn.Module]:
+    """(config.yaml, checkpoint, reference model): the fine-tune written into ``model_dir``."""
     torch.manual_seed(3)
     reference = load().build("EncoderDecoderFactory", **MODEL_ARGS)
-    model_dir = root / "models" / "burns"
-    model_dir.mkdir(parents=True)
-    ckpt = model_dir / "epoch=3.ckpt"
+    model_dir.mkdir(parents=True, exist_ok=True)
+    ckpt = model_dir / ckpt_name
     torch.save({"state_dict": {f"model.{k}": v for k, v in reference.state_dict().items()}}, ckpt)
     config = {
         "model": {
@@ -75,9 +74,21 @@ def fine_tune(tmp_path_factory):
     }
     cfg = model_dir / "config.yaml"
     cfg.write_text(yaml.safe_dump(config))
+    return cfg, ckpt, reference
+
+
+def write_scene(path: Path) -> Path:
+    """A 64 x 64 scene of the fine-tune's six dataset bands."""
     data = np.random.default_rng(5).integers(0, 6000, (6, 64, 64)).astype(np.uint16)
-    scene = write_geotiff(root / "scene.tif", data)
-    return cfg, ckpt, reference, scene
+    return write_geotiff(path, data)
+
+
+@pytest.fixture(scope="module")
+def fine_tune(tmp_path_factory):
+    """(config, checkpoint, reference model, scene): one model of its own directory."""
+    root = tmp_path_factory.mktemp("fine_tune")
+    cfg, ckpt, reference = write_fine_tune(root / "models" / "burns")
+    return cfg, ckpt, reference, write_scene(root / "scene.tif")
 
 
 @pytest.fixture(autouse=True)

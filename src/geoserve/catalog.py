@@ -35,6 +35,7 @@ class ModelEntry:
     description: str
     weights: str  # "required", "built in" (geoserve's own), "registered" (configured) or "none"
     weights_hint: str = ""
+    input_description: str = ""  # what it takes, in words (ModelSpec.input_description)
     bands: list[int | str] | None = None  # None: every band of the input
     num_frames: int = 1
     modalities: dict[str, list[int | str] | None] | None = None  # a multimodal model's
@@ -91,7 +92,9 @@ def model_entries() -> list[ModelEntry]:
             weights = "registered"
         else:
             weights = "built in" if plugin == "geoserve" else "none"
-        entry = ModelEntry(name, plugin, spec.description, weights, spec.weights_hint)
+        entry = ModelEntry(
+            name, plugin, spec.description, weights, spec.weights_hint, spec.input_description
+        )
         entry.validated = list(spec.validated)
         try:
             _, inp, out = resolve_model(spec)

@@ -178,7 +178,7 @@ def test_an_upload_the_model_cannot_read_shows_the_servers_message(tmp_path):
         shown, style = page.inner_text("#status"), page.get_attribute("#status", "class")
     assert shown.startswith(
         f"Upload of {RGB.name} failed: upload '{RGB.name}' has 3 bands; band index 3 (0-based) "
-        "does not exist; model 'demo-water' reads bands 1, 2, 3, 8, 11, 12"
+        "does not exist; model 'demo-water' takes a 13-band Sentinel-2 L1C stack"
     ), shown
     assert style == "error"
 

@@ -163,6 +163,7 @@ def test_an_upload_the_model_cannot_read_is_refused_naming_the_file_and_bands(tm
         assert answer.status_code == 400, answer.text
         message = answer.json()["message"]
         assert message.startswith(f"upload '{name}' has {count} bands; band index {band} "), message
-        assert "model 'demo-water' reads bands 1, 2, 3, 8, 11, 12" in message
+        assert "model 'demo-water' takes a 13-band Sentinel-2 L1C stack" in message
+        assert "; it reads bands 1, 2, 3, 8, 11, 12" in message
     assert lake.status_code == 201, lake.text
     assert sorted(p.name for p in (out / "scenes").iterdir()) == [f"{lake.json()['id']}.tif"]

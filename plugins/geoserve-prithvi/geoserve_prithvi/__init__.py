@@ -22,8 +22,10 @@ from geoserve.models.prithvi.variants import (
     CROP_CLASSES,
     CROPS_MEAN,
     CROPS_STD,
+    HLS_SIX,
     PRITHVI_BANDS,
     S2_L1C_PRITHVI_INDICES,
+    S2_L1C_STACK,
     SEN1FLOODS11_MEAN,
     SEN1FLOODS11_STD,
     V1_MEAN,
@@ -60,6 +62,7 @@ def _segmentation(weights: str | Path, name: str, decoder: str, classes: int) ->
 @MODEL_REGISTRY.register_model(
     "prithvi-eo2-300m-tl-sen1floods11",
     description="Prithvi-EO-2.0-300M-TL fine-tuned on Sen1Floods11: water map",
+    input_description=f"{S2_L1C_STACK} or {HLS_SIX}, reflectance x 10000",
     weights_required=True,
     loads_weights=True,
     token_size=16,  # its encoder's patch tokens: the embeddings kinds
@@ -95,6 +98,7 @@ def sen1floods11(weights: str | Path) -> nn.Module:
 @MODEL_REGISTRY.register_model(
     "prithvi-eo1-100m",
     description="Prithvi-EO-1.0-100M MAE: reconstruction of 3 HLS dates",
+    input_description=f"3 dates of one place, each {HLS_SIX}, reflectance x 10000",
     weights_required=True,
     loads_weights=True,
     token_size=16,  # its encoder's patch tokens: the embeddings kinds
@@ -130,6 +134,7 @@ def eo1_100m(weights: str | Path) -> nn.Module:
 @MODEL_REGISTRY.register_model(
     "prithvi-eo2-300m-burnscars",
     description="Prithvi-EO-2.0-300M fine-tuned on HLS burn scars (UNet): burn scar map",
+    input_description=f"a chip of {HLS_SIX}, reflectance 0-1 as stored",
     weights_required=True,
     loads_weights=True,
     token_size=16,  # its encoder's patch tokens: the embeddings kinds
@@ -162,6 +167,7 @@ def burnscars(weights: str | Path) -> nn.Module:
 @MODEL_REGISTRY.register_model(
     "prithvi-eo2-300m-tl-crops",
     description="Prithvi-EO-2.0-300M-TL multi-temporal crop classification: 13 classes",
+    input_description=f"3 dates of one place, each {HLS_SIX}, reflectance x 10000",
     weights_required=True,
     loads_weights=True,
     token_size=16,  # its encoder's patch tokens: the embeddings kinds

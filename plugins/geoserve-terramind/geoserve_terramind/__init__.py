@@ -62,6 +62,8 @@ def _load(weights: str | Path, name: str, modalities: dict[str, int], classes: i
 @MODEL_REGISTRY.register_model(
     "terramind-v1-sen1floods11",
     description="TerraMind v1 fine-tuned on Sen1Floods11 (S2 L1C + S1 GRD, either optional): water",
+    input_description="S2L1C: a 13-band Sentinel-2 L1C stack (B01-B08, B8A, B09-B12, in that "
+    "order), and/or S1GRD: Sentinel-1 GRD VV, VH in dB",
     weights_required=True,
     loads_weights=True,
     token_size=16,  # its encoder's patch tokens: the embeddings kinds
@@ -87,6 +89,7 @@ def sen1floods11(weights: str | Path) -> nn.Module:
 @MODEL_REGISTRY.register_model(
     "terramind-v1-s2l2a-water",
     description="TerraMind v1 fine-tuned on Sentinel-2 L2A alone (12 bands): water",
+    input_description="a 12-band Sentinel-2 L2A stack (B01-B08, B8A, B09, B11, B12, in that order)",
     weights_required=True,
     loads_weights=True,
     token_size=16,  # its encoder's patch tokens: the embeddings kinds

@@ -91,7 +91,8 @@ def _check_fit(model: str, src: Any) -> int:
     try:
         ctx = in_proc.prepare([src] * in_proc.num_frames)
     except GeoServeError as exc:
-        print(f"fits {spec.name}: no: {exc}")
+        takes = f"; it takes {spec.input_description}" if spec.input_description else ""
+        print(f"fits {spec.name}: no: {exc}{takes}")
         return 1
     names = ", ".join(ctx.band_names)
     detail = (

@@ -281,18 +281,21 @@ class Admission:
         return opened, proc.prepare(opened)
 
     def _with_bands_hint(self, exc: BandMismatchError, proc: InputProcessor) -> BandMismatchError:
-        """``exc`` with the bands the model reads and how to choose others, where that helps."""
+        """``exc`` with what the model takes, the bands it reads and how to choose others."""
         wanted = getattr(proc, "bands", None)
         names = getattr(proc, "names", None)  # a multimodal model's modalities
         if names and not str(exc).startswith(f"modality {names[0]!r}"):
             wanted = None  # --bands selects the first modality's bands only
-        if not wanted:
+        takes = self.spec.input_description
+        if not (wanted or takes):
             return exc
-        return BandMismatchError(
-            f"{exc}; model {self.spec.name!r} reads bands {', '.join(map(str, wanted))} "
-            "(choose others with --bands on the command line, bands= in Python or "
-            "options.bands over HTTP)"
-        )
+        parts = [f"takes {takes}"] if takes else []
+        if wanted:
+            parts.append(
+                f"reads bands {', '.join(map(str, wanted))} (choose others with --bands on "
+                "the command line, bands= in Python or options.bands over HTTP)"
+            )
+        return BandMismatchError(f"{exc}; model {self.spec.name!r} " + "; it ".join(parts))
 
     def _stitch_device(self, out_procs: Sequence[OutputProcessor]) -> torch.device | None:
         """Where a request's canvas lives: on the device with ``preprocess="device"``.

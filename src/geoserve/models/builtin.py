@@ -37,7 +37,10 @@ class Identity(nn.Module):
 
 
 @MODEL_REGISTRY.register_model(
-    "ndwi-water", description="NDWI > 0 water map from Sentinel-2 B3 (green) and B8 (NIR)"
+    "ndwi-water",
+    description="NDWI > 0 water map from Sentinel-2 B3 (green) and B8 (NIR)",
+    input_description="Sentinel-2 reflectance x 10000 with named bands: a GeoTIFF whose band "
+    "descriptions include B3 and B8 (as a 13-band stack's B1..B12), or a STAC Item",
 )
 @INPUT_REGISTRY.register_input_processor(
     GeoTiffPatcher(bands=("B3", "B8"), scale_factor=1e-4, patch_size=224, blend="center")

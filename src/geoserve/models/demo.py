@@ -25,6 +25,7 @@ from geoserve.models.prithvi.encoder import PrithviViT, layer_tokens
 from geoserve.models.prithvi.variants import (
     PRITHVI_BANDS,
     S2_L1C_PRITHVI_INDICES,
+    S2_L1C_STACK,
     V2_MEAN,
     V2_STD,
 )
@@ -92,6 +93,7 @@ def model_card() -> dict[str, Any]:
     description="tiny Prithvi-architecture water model trained on the bundled scene (demo)",
     token_size=16,
     validated=("int8",),  # the model card's int8 figures (tests/models/test_demo.py)
+    input_description=f"{S2_L1C_STACK}, 10 m, top-of-atmosphere reflectance x 10000",
 )
 @INPUT_REGISTRY.register_input_processor(
     GeoTiffPatcher(

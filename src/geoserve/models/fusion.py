@@ -100,6 +100,8 @@ class S1S2Patcher(MultimodalPatcher):
 @MODEL_REGISTRY.register_model(
     "s1s2-water",
     description="water: NDWI > 0 from Sentinel-2 where valid, else Sentinel-1 VV < -15 dB",
+    input_description="s2: Sentinel-2 reflectance x 10000 with bands described B3 and B8; s1: "
+    "Sentinel-1 with a band described VV (dB or linear power); either may be absent",
 )
 @INPUT_REGISTRY.register_input_processor(
     S1S2Patcher(

@@ -42,6 +42,9 @@ class ModelSpec:
             can also produce the ``embeddings`` and ``patch-embeddings`` kinds.
         validated: Speed options (``"int8"``) checked against float32 on real data (its
             model card says how); others are allowed with a warning.
+        input_description: What the model takes, in words for a user holding the wrong file
+            (``"a 13-band Sentinel-2 L1C stack (B01-B08, B8A, B09-B12, in that order)"``):
+            said with a band mismatch, by ``geoserve info`` and models, and ``GET /v1/models``.
     """
 
     name: str
@@ -52,6 +55,7 @@ class ModelSpec:
     loads_weights: bool = False
     token_size: int | None = None
     validated: tuple[str, ...] = ()
+    input_description: str = ""
 
     @property
     def key(self) -> str:
@@ -75,6 +79,7 @@ class ModelRegistry(Registry[ModelSpec]):
         loads_weights: bool = False,
         token_size: int | None = None,
         validated: tuple[str, ...] = (),
+        input_description: str = "",
         override: bool = False,
     ) -> Callable[[F], F]:
         """Decorator registering a model factory under ``name`` (fields as :class:`ModelSpec`)."""
@@ -90,6 +95,7 @@ class ModelRegistry(Registry[ModelSpec]):
                 loads_weights,
                 token_size,
                 tuple(validated),
+                input_description,
             )
             self.add(name, spec, override=override)
             return factory

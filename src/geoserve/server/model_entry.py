@@ -16,6 +16,7 @@ def model_entry(model: str, eng: Any) -> dict[str, Any]:
     if eng is not None:
         inp, out = eng.engine.in_proc, eng.engine.out_proc
         entry["input"] = {
+            "description": eng.engine.spec.input_description or None,  # what it takes, in words
             "bands": list(getattr(inp, "bands", None) or []) or None,
             "patch_size": inp.patch_size,
             "stride": inp.stride,

@@ -57,6 +57,9 @@ FEATURE_INDICES: dict[int, tuple[int, ...]] = {
 PRITHVI_BANDS = ("BLUE", "GREEN", "RED", "NIR_NARROW", "SWIR_1", "SWIR_2")
 #: Sentinel-2 13-band L1C stack (B1..B8, B8A, B9..B12) -> Prithvi's six bands, 0-based.
 S2_L1C_PRITHVI_INDICES = (1, 2, 3, 8, 11, 12)
+#: The inputs of the models that take those, in words (``ModelSpec.input_description``).
+S2_L1C_STACK = "a 13-band Sentinel-2 L1C stack (B01-B08, B8A, B09-B12, in that order)"
+HLS_SIX = "the 6 HLS bands Blue, Green, Red, NIR narrow, SWIR 1, SWIR 2 (in that order)"
 
 V2_MEAN = (1087.0, 1342.0, 1433.0, 2734.0, 1958.0, 1363.0)
 V2_STD = (2248.0, 2179.0, 2178.0, 1850.0, 1242.0, 1049.0)
