@@ -72,7 +72,7 @@ def test_a_file_demo_water_cannot_read_is_told_what_it_takes(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "RGB.byte.tif has 3 bands; band index 3 (0-based) does not exist; model " in err
     assert f"'demo-water' takes {stack}, 10 m" in err
-    assert "; it reads bands 1, 2, 3, 8, 11, 12 (choose others with --bands" in err
+    assert "; it reads bands 1, 2, 3, 8, 11, 12 (0-based) (choose others with --bands" in err
     assert not (tmp_path / "o.tif").exists()
     assert main(["info", str(RGB), "--model", "demo-water"]) == 1
     assert f"does not exist; it takes {stack}" in capsys.readouterr().out

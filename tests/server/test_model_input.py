@@ -22,4 +22,4 @@ def test_demo_water_says_what_it_takes_in_models_and_in_a_400():
     message = resp.json()["message"]
     assert message.startswith(f"upload '{RGB.name}' has 3 bands; band index 3 (0-based)"), message
     assert f"; model 'demo-water' takes {L1C_STACK}" in message
-    assert "; it reads bands 1, 2, 3, 8, 11, 12 (choose others with --bands" in message
+    assert "; it reads bands 1, 2, 3, 8, 11, 12 (0-based) (choose others with --bands" in message

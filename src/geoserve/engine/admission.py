@@ -291,9 +291,11 @@ class Admission:
             return exc
         parts = [f"takes {takes}"] if takes else []
         if wanted:
+            numbered = any(isinstance(b, int) for b in wanted)  # indices, as --bands takes
             parts.append(
-                f"reads bands {', '.join(map(str, wanted))} (choose others with --bands on "
-                "the command line, bands= in Python or options.bands over HTTP)"
+                f"reads bands {', '.join(map(str, wanted))}{' (0-based)' if numbered else ''} "
+                "(choose others with --bands on the command line, bands= in Python or "
+                "options.bands over HTTP)"
             )
         return BandMismatchError(f"{exc}; model {self.spec.name!r} " + "; it ".join(parts))
 
