@@ -3,8 +3,8 @@ import torch
 from safetensors.torch import save_file
 
 from geoserve import Engine
-from geoserve.engine import load_weights
 from geoserve.errors import WeightsError
+from geoserve.models.state_dict import load_weights
 from tests.stub_models import TinySeg
 
 
@@ -48,7 +48,9 @@ def test_weights_of_other_shapes_are_named(tmp_path):
     torch.save(state, path)
     with pytest.raises(WeightsError, match=r"wide\.pt: weights do not match model 'test-seg'") as e:
         Engine("test-seg", weights=path)
-    assert "size mismatch for conv.weight" in str(e.value)
+    assert "shape mismatch at conv.weight: checkpoint (4, 5, 3, 3), model (4, 3, 3, 3)" in str(
+        e.value
+    )
     assert "\n" not in str(e.value)
 
 

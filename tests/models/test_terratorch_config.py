@@ -9,8 +9,8 @@ import pytest
 import yaml
 
 from geoserve.errors import WeightsError
-from geoserve.models.configured import processors
 from geoserve.models.encoder_decoder import build_network
+from geoserve.models.families import encoder_decoder_processors
 from geoserve.models.terratorch_config import is_encoder_decoder_config, read_fine_tune
 
 ED_ARGS = {
@@ -50,7 +50,7 @@ def test_processors_come_from_the_data_section_and_the_tiling(tmp_path):
         tiled_inference_parameters=tiling,
         class_names=["land", "water", "cloud"],
     )
-    patcher, reassembler = processors(read_fine_tune(path))
+    patcher, reassembler = encoder_decoder_processors(read_fine_tune(path))
     assert patcher.bands == (1, 2, 3, 4)  # the output bands' places in the dataset bands
     assert patcher.band_roles == ("BLUE", "GREEN", "RED", "NIR")
     assert patcher.mean == (500.0, 600.0, 700.0, 2000.0)
@@ -67,7 +67,9 @@ def test_predict_bands_ranges_and_the_defaults(tmp_path):
         "predict_dataset_bands": [[0, 12]],
         "predict_output_bands": [[3, 5], 9],
     }
-    patcher, reassembler = processors(read_fine_tune(write(tmp_path, ED_ARGS, data)))
+    patcher, reassembler = encoder_decoder_processors(
+        read_fine_tune(write(tmp_path, ED_ARGS, data))
+    )
     assert patcher.bands == (3, 4, 5, 9)  # what prediction reads
     assert patcher.std is None
     assert patcher.scale_factor == 1.0
@@ -78,12 +80,12 @@ def test_predict_bands_ranges_and_the_defaults(tmp_path):
 
 def test_a_band_list_alone_is_the_file_s_bands_in_order(tmp_path):
     path = write(tmp_path, ED_ARGS, {"bands": ["B2", "B3", "B4", "B8"]})
-    patcher, _ = processors(read_fine_tune(path))
+    patcher, _ = encoder_decoder_processors(read_fine_tune(path))
     assert patcher.bands is None
     assert patcher.band_roles == ("B2", "B3", "B4", "B8")
     tiling = {"h_crop": 64, "w_crop": 64, "h_stride": 64, "w_stride": 64, "average_patches": False}
     path = write(tmp_path, ED_ARGS, None, tiled_inference_parameters=tiling)
-    patcher, _ = processors(read_fine_tune(path))
+    patcher, _ = encoder_decoder_processors(read_fine_tune(path))
     assert (patcher.patch_size, patcher.stride, patcher.blend) == (64, 64, "center")
 
 

@@ -1,15 +1,15 @@
 """Turning a model name into a ready module and its processors.
 
 Looks the name up (loading plugins first), checks that both processors are registered, builds
-the module with its factory and loads weights strictly, naming missing and unexpected keys.
-Weights given as a Hub reference (``hf://ORG/REPO[/FILE][@REVISION]``) are fetched and verified
-here first (:mod:`geoserve.models.hub`), so every way of building an engine takes them.
+the module with its factory and loads weights strictly (read and matched by
+:mod:`geoserve.models.state_dict`, the one reader of weights files, whose messages name the file,
+the model and the keys that do not match). Weights given as a Hub reference
+(``hf://ORG/REPO[/FILE][@REVISION]``) are fetched and verified here first
+(:mod:`geoserve.models.hub`), so every way of building an engine takes them.
 """
 
 from __future__ import annotations
 
-import re
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +17,7 @@ import torch
 
 from geoserve.errors import ProcessorMismatchError, WeightsError
 from geoserve.models.hub import resolve_weights
+from geoserve.models.state_dict import load_weights
 from geoserve.plugins import load_plugins
 from geoserve.processors.base import InputProcessor, OutputProcessor
 from geoserve.registry import INPUT_REGISTRY, MODEL_REGISTRY, OUTPUT_REGISTRY, ModelSpec
@@ -49,54 +50,6 @@ def resolve_model(model: str | ModelSpec) -> tuple[ModelSpec, InputProcessor, Ou
             f"model {spec.name!r} has no {what}; decorate {spec.key} with {fix}"
         )
     return spec, INPUT_REGISTRY.get(spec.key), OUTPUT_REGISTRY.get(spec.key)
-
-
-def load_weights(module: torch.nn.Module, path: str | Path, model_name: str) -> None:
-    """Load a state dict from ``.safetensors``, ``.pt``, ``.pth`` or ``.ckpt`` (strict).
-
-    Raises:
-        WeightsError: the file is missing, unreadable, or its keys do not match the model.
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise WeightsError(f"{path}: weights file for model {model_name!r} not found")
-    try:
-        if path.suffix == ".safetensors":
-            from safetensors.torch import load_file
-
-            state: Any = load_file(str(path))
-        else:
-            state = torch.load(path, map_location="cpu", weights_only=True)
-            if isinstance(state, dict) and "state_dict" in state:
-                state = state["state_dict"]
-    except Exception as exc:
-        raise _read_error(path, exc) from exc
-    if not isinstance(state, Mapping):
-        raise WeightsError(f"{path}: not a state dict (got {type(state).__name__})")
-    try:
-        result = module.load_state_dict(state, strict=False)
-    except RuntimeError as exc:  # shapes that differ: torch lists one per line
-        detail = "; ".join(line.strip() for line in str(exc).splitlines()[1:4])
-        raise WeightsError(f"{path}: weights do not match model {model_name!r}: {detail}") from exc
-    if result.missing_keys or result.unexpected_keys:
-        raise WeightsError(
-            f"{path}: weights do not match model {model_name!r}: "
-            f"missing {list(result.missing_keys)[:10]}, "
-            f"unexpected {list(result.unexpected_keys)[:10]}"
-        )
-
-
-def _read_error(path: Path, exc: Exception) -> WeightsError:
-    """One line for a file torch or safetensors could not read (torch's run to a page)."""
-    text = str(exc)
-    unsafe = re.search(r"Unsupported global: GLOBAL (\S+)", text)
-    if unsafe:
-        return WeightsError(
-            f"{path}: holds a pickled {unsafe.group(1)}, not only tensors (refused: weights are "
-            "loaded with torch.load(weights_only=True)); save model.state_dict() instead"
-        )
-    detail = text.split("WeightsUnpickler error:", 1)[-1].strip() or type(exc).__name__
-    return WeightsError(f"{path}: cannot read weights ({detail.splitlines()[0]})")
 
 
 def build_model(

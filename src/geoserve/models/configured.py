@@ -6,7 +6,9 @@ server (``models_dir``) all go through it. The model's input processor comes fro
 data section (bands, scale, means, stds) and tiling, its output processor is a class map of the
 config's classes, and its factory builds the network and loads the checkpoint strictly: a
 timm / SMP encoder-decoder (:mod:`geoserve.models.encoder_decoder`), or TerraMind when the
-config's backbone is ``terramind_*`` (:mod:`geoserve.models.terramind.configured`).
+config's backbone is ``terramind_*`` (:mod:`geoserve.models.terramind.configured`). Which of
+them, and how each is built, is decided in one place:
+:func:`geoserve.models.families.serve_config`.
 
 A models directory holds one sub-directory per model, named after it::
 
@@ -28,11 +30,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from geoserve.errors import ConfigError, GeoServeError, RegistryError, prefixed
-from geoserve.models.config_file import read_mapping
-from geoserve.models.terratorch_config import FineTune, read_fine_tune
+from geoserve.models.families import Served, serve_config
 
 if TYPE_CHECKING:  # (listing a models directory does not import torch)
-    from geoserve.processors import GeoTiffPatcher, SegmentationReassembler
     from geoserve.registry import ModelSpec
 
 #: What a model's name may be: it is typed on command lines and sent in requests.
@@ -53,26 +53,6 @@ class Configured:
     name: str
     config: Path
     weights: Path | None = None
-
-
-def processors(fine_tune: FineTune) -> tuple[GeoTiffPatcher, SegmentationReassembler]:
-    """The input and output processors a fine-tune's config describes."""
-    from geoserve.processors import GeoTiffPatcher, SegmentationReassembler
-
-    data, n = fine_tune.data, fine_tune.network.in_channels
-    names = data.band_names if data.band_names and len(data.band_names) == n else None
-    patcher = GeoTiffPatcher(
-        bands=data.bands,
-        # without means the band count is still the model's (zeros change no value)
-        mean=data.means if data.means is not None else (0.0,) * n,
-        std=data.stds,
-        scale_factor=data.scale,
-        patch_size=data.patch_size,
-        stride=data.stride,
-        blend=data.blend,
-        band_roles=names,
-    )
-    return patcher, SegmentationReassembler(classes=data.class_names)
 
 
 def register_configured(
@@ -104,29 +84,18 @@ def register_configured(
             return MODEL_REGISTRY.get(name)
         if name in MODEL_REGISTRY:
             raise RegistryError(f"model {name!r} is already registered; choose another name")
-        token_size = None
-        if _is_terramind(cfg):
-            from geoserve.models.terramind.configured import terramind_processors
-
-            token_size = 16  # its encoder's patch tokens: the embeddings kinds
-
-            in_proc, out_proc, describe = terramind_processors(cfg)
-            factory = _terramind_factory(name, cfg, ckpt, describe)
-        else:
-            fine_tune = read_fine_tune(cfg)
-            in_proc, out_proc = processors(fine_tune)
-            factory = _factory(name, fine_tune, ckpt)
-            describe = fine_tune.network.describe()
+        served = serve_config(cfg)
+        factory = _factory(name, cfg, ckpt, served)
         MODEL_REGISTRY.register_model(
             name,
-            description=f"TerraTorch fine-tune {cfg.name}: {describe}",
+            description=f"TerraTorch fine-tune {cfg.name}: {served.description}",
             weights_required=ckpt is None,
             weights_hint=f"the checkpoint of the fine-tune {cfg} describes",
             loads_weights=True,
-            token_size=token_size,
+            token_size=served.token_size,
         )(factory)
-        INPUT_REGISTRY.register_input_processor(in_proc)(factory)
-        OUTPUT_REGISTRY.register_output_processor(out_proc)(factory)
+        INPUT_REGISTRY.register_input_processor(served.input)(factory)
+        OUTPUT_REGISTRY.register_output_processor(served.output)(factory)
         _registered[name] = (cfg, ckpt)
         return MODEL_REGISTRY.get(name)
 
@@ -143,36 +112,16 @@ def unregister_configured(name: str) -> None:
         OUTPUT_REGISTRY.remove(spec.key)
 
 
-def _factory(name: str, fine_tune: FineTune, weights: Path | None) -> Any:
-    def factory(given: str | Path | None = None) -> Any:
-        from geoserve.models.encoder_decoder import load_fine_tune
+def _factory(name: str, config: Path, weights: Path | None, served: Served) -> Any:
+    """The one factory of a configured model: its family's loader, on the checkpoint given."""
 
+    def factory(given: str | Path | None = None) -> Any:
         path = given if given is not None else weights
         assert path is not None  # the engine asks for weights when none were registered
-        return load_fine_tune(path, fine_tune)
+        return served.load(Path(path))
 
     factory.__qualname__ = f"configured[{name}]"  # its processors' key: one per model
-    factory.__doc__ = f"{name}: {fine_tune.network.describe()}"
-    factory.configured_files = (fine_tune.path, weights)  # type: ignore[attr-defined]
-    return factory
-
-
-def _is_terramind(config: Path) -> bool:
-    from geoserve.models.terramind.config import is_terramind_config
-
-    return is_terramind_config(read_mapping(config))
-
-
-def _terramind_factory(name: str, config: Path, weights: Path | None, describe: str) -> Any:
-    def factory(given: str | Path | None = None) -> Any:
-        from geoserve.models.terramind import load_terramind
-
-        path = given if given is not None else weights
-        assert path is not None  # the engine asks for weights when none were registered
-        return load_terramind(path, config)
-
-    factory.__qualname__ = f"configured[{name}]"
-    factory.__doc__ = f"{name}: {describe}"
+    factory.__doc__ = f"{name}: {served.description}"
     factory.configured_files = (config, weights)  # type: ignore[attr-defined]
     return factory
 

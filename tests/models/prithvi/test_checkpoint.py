@@ -108,7 +108,7 @@ def test_truncated_file_is_refused(tmp_path):
     save_lightning(model, full)
     cut = tmp_path / "cut.ckpt"
     cut.write_bytes(full.read_bytes()[: full.stat().st_size // 2])
-    with pytest.raises(WeightsError, match=r"cut\.ckpt: cannot read checkpoint"):
+    with pytest.raises(WeightsError, match=r"cut\.ckpt: cannot read weights"):
         load_checkpoint(cut)
 
 
