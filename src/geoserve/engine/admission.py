@@ -34,7 +34,6 @@ from geoserve.errors import (
     ConfigError,
     GeoServeError,
     InputError,
-    RasterReadError,
     prefixed,
 )
 from geoserve.processors.base import InputProcessor, OutputProcessor, RasterContext
@@ -143,21 +142,17 @@ class Admission:
         (:func:`geoserve.raster.budget.add_pixels`; an Item's files as each is opened).
         """
         kw: dict[str, Any] = {"threads": self.read_workers, "formats": self.config.allowed_formats}
-        if stac is not None and is_stac_input(item, data_format, sniff=False):
+        # an Item by its form (a URL's path, a local file's first bytes: a JSON object),
+        # decided before anything is opened as a raster
+        if stac is not None and is_stac_input(item, data_format):
             src: RasterSource = stac.open(item, kw)
         else:
+            src = open_raster(item, data_format, **kw)
             try:
-                src = open_raster(item, data_format, **kw)
-            except RasterReadError:  # not a raster: an Item under another name? (read once)
-                if stac is None or not is_stac_input(item, data_format):
-                    raise
-                src = stac.open(item, kw)
-            else:
-                try:
-                    _count_pixels(src, stac)
-                except BaseException:
-                    src.close()
-                    raise
+                _count_pixels(src, stac)
+            except BaseException:
+                src.close()
+                raise
         if date is not None:  # given: wins over tags and name
             src.info = dataclasses.replace(src.info, date=date)
         return src

@@ -287,9 +287,8 @@ def is_stac_input(obj: Any, data_format: str = "auto", sniff: bool = True) -> bo
     A :class:`StacItem` or ``pystac.Item`` always is; with ``data_format="auto"`` also a path
     to a local JSON file, and an http(s) URL ending in ``.json`` or of the form of a STAC API
     Item (``.../collections/C/items/I``). A dict never is (a dict request is modalities), nor
-    are bytes or base64. With ``sniff=False`` nothing is read: a local file counts only when
-    its name ends in ``.json`` (the engine looks inside a file only once it failed to open
-    as a raster).
+    are bytes or base64. A local file is one when its first bytes are a JSON object's; with
+    ``sniff=False`` nothing is read and it counts only when its name ends in ``.json``.
     """
     if isinstance(obj, StacItem) or _is_pystac_item(obj):
         return True
