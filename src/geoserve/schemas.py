@@ -93,6 +93,8 @@ class ImageRequestOutput:
 
     ``outputs`` is the first (or only) output kind's; ``outputs_by_kind`` holds every kind the
     request asked for, in the order asked, by kind name (``result.outputs_by_kind["confidence"]``).
+    ``nonfinite_pixels``: pixels of its class maps the model returned NaN or inf for (written as
+    nodata), each pixel once however many kinds it asked for.
     """
 
     request_id: str
@@ -102,6 +104,7 @@ class ImageRequestOutput:
     num_patches: int = 0
     timings: StageTimings = field(default_factory=StageTimings)
     outputs_by_kind: dict[str, ImageOutput] = field(default_factory=dict)
+    nonfinite_pixels: int = 0
 
     @property
     def ok(self) -> bool:

@@ -25,6 +25,7 @@ from tests.server.conftest import running_server
 
 WATER = (31, 120, 220)
 LAND = (230, 230, 220)
+TWO_KINDS = ("classes", "confidence")
 
 
 def tile_of(lon: float, lat: float, z: int) -> tuple[int, int]:
@@ -105,6 +106,64 @@ def test_a_tile_equals_the_whole_scene_prediction_on_its_grid(tmp_path, full_cla
     assert (t[3] > 0).mean() > 0.5
     assert t[:3, t[3] > 0].std() > 5  # a picture, not a flat colour
     assert (rgba(outside.content)[3] == 0).all()  # outside the scene: transparent
+
+
+def test_a_model_without_colours_draws_its_tiles_as_its_geotiffs(tmp_path, register_model):
+    """Tiles are the model's own class map and confidence, in its class map's colour table."""
+    from geoserve.plugins import load_plugins
+    from geoserve.processors.reassemblers import SegmentationReassembler
+    from geoserve.registry import MODEL_REGISTRY
+    from geoserve.tiles.render import ramp_rgba
+    from tests.conftest import processors_of
+
+    load_plugins()  # (the built-in models: demo-water's processors)
+    in_proc, out_proc = processors_of("demo-water")
+    factory = MODEL_REGISTRY.get("demo-water").factory
+    plain = SegmentationReassembler(classes=out_proc.classes)  # no colours of its own
+    name = register_model("demo-water-no-colours", lambda: factory(), in_proc, plain)
+    with Engine(name, output_kind="classes,confidence") as eng:
+        files = eng.generate_image(LAKE, output_path=tmp_path / "lake.tif").outputs_by_kind
+    with rasterio.open(files["classes"].path) as ds:
+        classes, table = ds.read(1), ds.colormap(1)
+    with rasterio.open(files["confidence"].path) as ds:
+        confidence = ds.read(1)
+    z = lake_zoom() + 1
+    x, y = tile_of(*lake_centre(), z)
+    tile = f"/v1/tiles/{z}/{x}/{y}.png"
+    with running_server(model=name, allowed_input_dirs=[LAKE.parent], ui=True) as url:
+        drawn = rgba(httpx.get(f"{url}{tile}", params={"source": str(LAKE)}).content)
+        conf = httpx.get(f"{url}{tile}", params={"source": str(LAKE), "kind": "confidence"})
+        legend = httpx.get(f"{url}/ui/config.json").json()["colors"]
+    colours = [table[code][:3] for code in range(len(out_proc.classes))]
+    got = np.full((256, 256), -1)
+    for code, rgb in enumerate(colours):
+        got[(drawn[:3] == np.array(rgb)[:, None, None]).all(axis=0) & (drawn[3] > 0)] = code
+    assert ((got >= 0) == (drawn[3] > 0)).all()  # every drawn pixel in a GeoTIFF class colour
+    assert legend == [list(c) for c in colours]  # the page's legend: the same table
+    want = np.full((2, 256, 256), np.nan, dtype=np.float32)
+    with rasterio.open(LAKE) as src:
+        for band, values, how in ((0, classes, "nearest"), (1, confidence, "bilinear")):
+            reproject(
+                values.astype(np.float32),
+                want[band],
+                src_transform=src.transform,
+                src_crs=src.crs,
+                dst_transform=tile_transform(z, x, y),
+                dst_crs=WEB_MERCATOR,
+                dst_nodata=np.nan,
+                resampling=Resampling[how],
+            )
+    both = (got >= 0) & np.isfinite(want[0])
+    assert both.mean() > 0.5  # the tile is well inside the scene
+    assert (got[both] == want[0][both]).mean() >= 0.99  # the GeoTIFF's classes there
+    assert set(np.unique(got[both])) == {0, 1}
+    c = rgba(conf.content)
+    ramp = ramp_rgba(want[1], 1 / len(colours), 1.0)  # the confidence kind's values, drawn
+    assert ((c[3] > 0) == (ramp[3] > 0)).all()  # drawn where the confidence map has values
+    inside = c[3] > 0
+    assert inside.mean() > 0.5
+    close = (np.abs(c[:3].astype(int) - ramp[:3].astype(int)) <= 3).all(axis=0)
+    assert close[inside].all()  # the same colours (up to a ramp step: float rounding)
 
 
 def test_a_tile_runs_only_its_patches_once(spy_model):
@@ -463,3 +522,19 @@ def test_a_url_without_range_requests_is_refused_for_tiles_without_downloading_i
     assert resp.status_code == 400, resp.text
     assert "range requests" in resp.json()["message"]
     assert got == ["HEAD"]  # the file itself was never fetched
+
+
+def test_a_model_without_classes_draws_only_input_tiles():
+    z = lake_zoom() + 1
+    x, y = tile_of(*lake_centre(), z)
+    tile, source = f"/v1/tiles/{z}/{x}/{y}.png", {"source": str(LAKE)}
+    with running_server(model="identity", allowed_input_dirs=[LAKE.parent], ui=True) as url:
+        refused = [httpx.get(f"{url}{tile}", params={**source, "kind": k}) for k in TWO_KINDS]
+        picture = httpx.get(f"{url}{tile}", params={**source, "kind": "input"})
+        config = httpx.get(f"{url}/ui/config.json").json()
+    for answer in refused:
+        assert answer.status_code == 400, answer.text
+        assert "model 'identity' gives no classes; ask for kind=input" in answer.json()["message"]
+    assert picture.status_code == 200
+    assert (rgba(picture.content)[3] > 0).mean() > 0.5
+    assert (config["classes"], config["colors"]) == ([], [])

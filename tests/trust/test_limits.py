@@ -253,19 +253,17 @@ def test_infinite_input_values_are_nodata(tmp_path):
 
 @pytest.mark.parametrize("preprocess", ["host", "device"])
 def test_nan_model_outputs_are_nodata_and_counted(tmp_path, preprocess):
-    from geoserve.processors.reassemblers import NONFINITE_PIXELS
-
     data = np.full((1, 20, 20), 5.0, np.float32)
     data[0, 2:4, 5:8] = 5e5  # the model returns NaN for these 6 pixels
     data[0, 10, 10] = -5.0
     path = write_geotiff(tmp_path / "s.tif", data)
-    before = NONFINITE_PIXELS[0]
     with Engine("test-nan", preprocess=preprocess) as eng:
-        out = eng.generate_image(str(path), out_format="tensor").outputs.tensor.numpy()[0]
+        result = eng.generate_image(str(path), out_format="tensor")
+    out = result.outputs.tensor.numpy()[0]
     assert (out[2:4, 5:8] == 255).all()
     assert out[10, 10] == 0
     assert (out == 1).sum() == 400 - 6 - 1
-    assert NONFINITE_PIXELS[0] - before == 6
+    assert result.nonfinite_pixels == 6
 
 
 @pytest.mark.parametrize("reads", ["download", "range"])

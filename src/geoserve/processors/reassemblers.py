@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -137,7 +136,7 @@ class SegmentationReassembler(OutputProcessor):
                 if bad.any():  # a model that returned NaN or inf there: no class, nodata
                     index[bad] = nodata
             out = index.astype(dtype, copy=True)[np.newaxis]
-            _count_nonfinite(out[0], nodata, valid)
+            nonfinite = _count_nonfinite(out[0], nodata, valid)
             if valid is not None:
                 out[0, ~valid] = nodata
             colors = self.colors or tuple(PALETTE[i % len(PALETTE)] for i in range(n))
@@ -152,6 +151,7 @@ class SegmentationReassembler(OutputProcessor):
                 colormap=cmap,
                 tags=tags,
                 categories=self.classes,
+                nonfinite=nonfinite,
             )
         if self.kind == "confidence":
             return float_output(_confidence(blended), valid, masked, ("confidence",), tags)
@@ -227,24 +227,21 @@ class RawReassembler(OutputProcessor):
         return float_output(values, valid, masked, names, {"GEOSERVE_OUTPUT": "raw"})
 
 
-#: Pixels of class maps where the model returned NaN or inf (written as nodata); a process-wide
-#: count for the server's metrics.
-NONFINITE_PIXELS = [0]
-_count_lock = threading.Lock()
-
-
 def _count_nonfinite(
     out: NDArray[np.integer[Any]], nodata: int, valid: NDArray[np.bool_] | None
-) -> None:
-    """Count (and warn about) nodata pixels the input did not ask for: the model's NaN/inf."""
+) -> int:
+    """The nodata pixels the input did not ask for (the model's NaN/inf), with a warning.
+
+    Returned in the class map's :attr:`~geoserve.raster.write.OutputRaster.nonfinite`, for
+    the request's outcome (the server's metrics count them from there).
+    """
     marked = out == nodata
     if valid is not None:
         marked &= valid
     n = int(marked.sum())
     if n:
-        with _count_lock:
-            NONFINITE_PIXELS[0] += n
         logger.warning("the model returned NaN or inf for %d pixel(s); written as nodata", n)
+    return n
 
 
 def _confidence(x: NDArray[np.float32]) -> NDArray[np.float32]:

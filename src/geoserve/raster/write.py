@@ -46,6 +46,8 @@ class OutputRaster:
     categories: Sequence[str] = ()
     nbits: int | None = None
     """Bits per stored value when fewer than the dtype's (16: float32 kept as half floats)."""
+    nonfinite: int = 0
+    """Pixels the model returned NaN or inf for, written as nodata (counted by class maps)."""
 
 
 def output_profile(

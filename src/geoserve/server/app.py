@@ -57,7 +57,7 @@ from geoserve.server.gather import (
     open_budget,
     parse_multipart,
 )
-from geoserve.server.maps import MapRoutes
+from geoserve.server.map_routes import MapRoutes
 from geoserve.server.metrics import Metrics
 from geoserve.server.middleware import GuardMiddleware, unless_disconnected
 from geoserve.server.model_entry import model_entry
@@ -228,6 +228,7 @@ class _Service:
         if result.error is not None:
             raise result.error
         self.metrics.observe_stages(result.timings)
+        self.metrics.observe_outputs(result)
         return rid, result
 
     # -- routes ----------------------------------------------------------------------------

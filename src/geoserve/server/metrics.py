@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from geoserve.processors.reassemblers import NONFINITE_PIXELS
-from geoserve.schemas import StageTimings
+from geoserve.engine.patch_cache import PatchCache
+from geoserve.schemas import ImageRequestOutput, StageTimings
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
@@ -61,12 +63,12 @@ class Metrics:
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
+        # (a gauge that only goes up: the series name has no ``_total``, as it always had)
         self.nonfinite = Gauge(
             "geoserve_nonfinite_output_pixels",
             "Class-map pixels the model returned NaN or inf for (written as nodata)",
             registry=r,
         )
-        self.nonfinite.set_function(lambda: NONFINITE_PIXELS[0])
         self._max_batch = max_batch_patches
 
     def bind(self, queue_depth: Callable[[], float], in_flight: Callable[[], float]) -> None:
@@ -86,6 +88,29 @@ class Metrics:
         for stage in StageTimings.STAGES:
             self.stage.labels(stage=stage).observe(getattr(timings, stage))
 
+    def observe_outputs(self, result: ImageRequestOutput) -> None:
+        """Count what a finished request's outputs hold: its class maps' non-finite pixels."""
+        self.nonfinite.inc(result.nonfinite_pixels)
+
     def render(self) -> bytes:
         """The Prometheus text exposition."""
         return generate_latest(self.registry)
+
+
+class PatchCacheCollector:
+    """A :class:`PatchCache`'s hits, misses and size for ``/metrics`` (read when scraped)."""
+
+    def __init__(self, cache: PatchCache) -> None:
+        self.cache = cache
+
+    def collect(self) -> Iterator[Any]:
+        """The three series, as they stand now."""
+        yield CounterMetricFamily(
+            "geoserve_tile_cache_hits", "Tile patches found in the patch cache", self.cache.hits
+        )
+        yield CounterMetricFamily(
+            "geoserve_tile_cache_misses", "Tile patches that ran the model", self.cache.misses
+        )
+        yield GaugeMetricFamily(
+            "geoserve_tile_cache_bytes", "Bytes held by the patch cache", self.cache.bytes
+        )

@@ -6,8 +6,10 @@
 whole-scene requests, share batches), its patches named in the service's
 :class:`~geoserve.engine.patch_cache.PatchCache` (a patch already predicted for a neighbouring
 tile or another zoom does not run again); the blended raw outputs of the inner window become
-classes (nearest) or confidence (bilinear) on the tile. ``kind="input"`` draws the scene in
-true colour from the model's band roles. Below the scene's on-demand zoom
+the class map or the confidence through the model's own output processor, as its GeoTIFFs do
+(the same classes, nodata and colour table: :meth:`TileService.finalized`), warped onto the
+tile nearest or bilinear. ``kind="input"`` draws the scene in true colour from the model's
+band roles. Below the scene's on-demand zoom
 (:func:`~geoserve.tiles.mercator.min_zoom`) a tile comes from the stored whole-scene
 prediction when there is one, else :class:`~geoserve.errors.ZoomTooLowError`. Classes asked
 for as ``hidden`` are drawn transparent (see :meth:`TileService.transparent_classes`).
@@ -39,10 +41,13 @@ from rasterio.windows import Window
 
 from geoserve.engine.batch import PatchKeys
 from geoserve.engine.patch_cache import PatchCache
-from geoserve.errors import InputError, ZoomTooLowError
+from geoserve.errors import ConfigError, InputError, ZoomTooLowError
+from geoserve.processors.base import OutputProcessor, RasterContext
 from geoserve.raster.budget import OpenBudget
 from geoserve.raster.dataset import DatasetSource
+from geoserve.raster.grid import PatchGrid
 from geoserve.raster.source import RasterWindow, open_raster
+from geoserve.raster.write import OutputRaster
 from geoserve.tiles.mercator import (
     MAX_SCENE_PIXELS_PER_TILE_PIXEL,
     TILE,
@@ -108,6 +113,8 @@ class TileService:
         # a scene's true-colour bands and stretch (read once per scene content)
         self._colour = functools.lru_cache(maxsize=64)(self._true_colour)
         self._turns: asyncio.Semaphore | None = None  # made on the event loop that uses it
+        self._procs: dict[str, OutputProcessor] = {}  # the model's own, by tile kind
+        self._colors: list[tuple[int, int, int]] | None = None
 
     async def _opened(self, source: TileSource, open_: Callable[..., T], *args: Any) -> T:
         """``open_(*args)``, which opens ``source``, in the engine's admission threads.
@@ -169,6 +176,7 @@ class TileService:
             raise InputError(
                 f"kind: model {self._model.spec.name!r} gives no classes; ask for kind=input"
             )
+        self.processor(kind)  # (a kind the model's processor cannot make: refused before work)
         if z < zmin:
             if source.prediction is not None and source.prediction.exists():
                 return await asyncio.to_thread(
@@ -220,17 +228,48 @@ class TileService:
         """The confidence drawn at the ramp's two ends: 1 / classes (a tie) to 1."""
         return 1.0 / max(len(self.class_names()), 1), 1.0
 
-    def colors(self) -> list[tuple[int, int, int]]:
-        """The model's class colours (its output processor's, else a default palette)."""
-        out = self._model.model_out_proc
-        colors = getattr(out, "colors", None)
-        n = len(self.class_names())
-        if colors and len(colors) >= n:
-            return [tuple(c)[:3] for c in colors[:n]]  # type: ignore[misc]
-        from matplotlib import colormaps
+    def processor(self, kind: str) -> OutputProcessor:
+        """The model's own output processor for ``kind`` (``classes`` or ``confidence``).
 
-        tab = colormaps["tab10" if n <= 10 else "tab20"]
-        return [tuple(int(v * 255) for v in tab(i % tab.N)[:3]) for i in range(n)]  # type: ignore[misc]
+        Raises:
+            InputError: the model's processor cannot make ``kind`` (naming what it offers).
+        """
+        proc = self._procs.get(kind)
+        if proc is None:
+            try:
+                (proc,) = self._model.output_processors([kind])
+            except ConfigError as exc:
+                raise InputError(f"kind: {exc}; ask for kind=input") from None
+            self._procs[kind] = proc
+        return proc
+
+    def finalized(self, raw: NDArray[np.float32], kind: str) -> OutputRaster:
+        """Blended outputs (C, h, w), NaN where nothing is known, as the model's ``kind`` output.
+
+        Made by the model's own output processor, as the kind's GeoTIFF is: the same class
+        map with its colour table, or the same confidence; nodata where ``raw`` is not finite
+        (the input's nodata, outside the scene, or the model's NaN).
+        """
+        h, w = raw.shape[1:]
+        grid = self._model.in_proc
+        ctx = RasterContext(  # the tile's values: no input bands of their own, NaN for nodata
+            grid=PatchGrid(h, w, grid.patch_size, grid.stride, grid.blend),
+            names=("tile",),
+            bands=(),
+            band_names=(),
+            profile={},
+            has_nodata=True,
+        )
+        valid = np.asarray(np.isfinite(raw).all(axis=0), dtype=np.bool_)
+        return self.processor(kind).finalize(raw, valid, ctx)
+
+    def colors(self) -> list[tuple[int, int, int]]:
+        """The model's class colours: the colour table of its class maps (none: no classes)."""
+        if self._colors is None:
+            n = len(self.class_names())
+            probe = self.finalized(np.zeros((n, 1, 1), np.float32), "classes") if n else None
+            self._colors = _class_colors(probe, n)
+        return self._colors
 
     async def _predict(self, source: TileSource, plan: TilePlan, label: str) -> NDArray[Any]:
         # the cut-out is read by the engine like any input: the bands the model uses, a band
@@ -259,16 +298,13 @@ class TileService:
     ) -> bytes:
         z, x, y = zxy
         transform = rasterio.windows.transform(plan.inner, g.transform)
-        valid = np.isfinite(raw).all(axis=0)
+        out = self.finalized(raw, kind)
+        values = _float_values(out)
         if kind == "classes":
-            codes = np.where(valid, np.nan_to_num(raw).argmax(axis=0), np.nan)
-            values = codes.astype(np.float32)[None]
             tile = warp_to_tile(values, transform, g.crs, z, x, y, Resampling.nearest)
-            return png(classes_rgba(tile[0], self.colors(), hidden=hidden))
-        shifted = np.nan_to_num(raw) - np.nan_to_num(raw).max(axis=0, keepdims=True)
-        probs = np.exp(shifted)
-        conf = np.where(valid, probs.max(axis=0) / probs.sum(axis=0), np.nan).astype(np.float32)
-        tile = warp_to_tile(conf[None], transform, g.crs, z, x, y, Resampling.bilinear)
+            colors = _class_colors(out, len(self.class_names()))
+            return png(classes_rgba(tile[0], colors, hidden=hidden))
+        tile = warp_to_tile(values, transform, g.crs, z, x, y, Resampling.bilinear)
         return png(ramp_rgba(tile[0], *self.confidence_range()))
 
     def stored_tile(
@@ -349,6 +385,30 @@ class TileService:
             thumb = read_thumbnail(src.dataset, bands, 512)
         limits = stretch_limits(thumb)
         return bands, [lo for lo, _ in limits], [hi for _, hi in limits]
+
+
+def _float_values(out: OutputRaster) -> NDArray[np.float32]:
+    """An output's first band as (1, h, w) float32, NaN where it holds its nodata value."""
+    band = out.data[0]
+    values: NDArray[np.float32] = band.astype(np.float32)
+    if out.nodata is not None and not math.isnan(out.nodata):
+        values[band == out.nodata] = np.nan
+    return values[None]
+
+
+def _class_colors(out: OutputRaster | None, n: int) -> list[tuple[int, int, int]]:
+    """The RGB of classes 0 to n - 1 in a class map's colour table.
+
+    A map without one (255 classes or more) is drawn in matplotlib's tab20, cycled.
+    """
+    table = (out.colormap if out is not None else None) or {}
+    if all(i in table for i in range(n)):
+        return [(table[i][0], table[i][1], table[i][2]) for i in range(n)]
+    from matplotlib import colormaps
+
+    tab = colormaps["tab20"]
+    rgb = [tab(i % tab.N)[:3] for i in range(n)]
+    return [(int(r * 255), int(g * 255), int(b * 255)) for r, g, b in rgb]
 
 
 @contextlib.contextmanager

@@ -1,0 +1,106 @@
+"""The map routes: prediction tiles, and the parts that serve uploaded scenes and the page.
+
+- ``GET /v1/tiles/{z}/{x}/{y}.png?source=S&kind=classes|confidence|input[&hide=0,2]``: a
+  WebMercator tile (256 px) of ``S``, predicted on demand (:mod:`geoserve.tiles`); ``hide``
+  names class codes drawn transparent. ``S`` is the id of an uploaded scene, a path under an
+  allowed input directory, an ``http(s)`` URL on an allowed host that answers range requests,
+  or ``output:NAME``, a GeoTIFF the server wrote under ``--output-dir`` (drawn as it is
+  stored, at any zoom); the same trust rules as ``/v1/images`` apply
+  (:mod:`~geoserve.server.map_sources`).
+- the scenes' routes (:mod:`~geoserve.server.scene_routes`) and, with ``--ui``, the page's
+  (:mod:`~geoserve.server.map_page`), on the same tile service.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.responses import Response
+
+from geoserve.engine.patch_cache import PatchCache
+from geoserve.errors import InputError
+from geoserve.server.gather import open_budget
+from geoserve.server.map_page import MapPage
+from geoserve.server.map_sources import MapSources
+from geoserve.server.metrics import Metrics, PatchCacheCollector
+from geoserve.server.scene_routes import SceneRoutes
+from geoserve.server.settings import ServerSettings
+from geoserve.tiles.mercator import check_tile
+from geoserve.tiles.service import TILE_KINDS, TileService
+
+
+class MapRoutes:
+    """The routes above, on one app; the tile service starts with the engine."""
+
+    def __init__(
+        self, settings: ServerSettings, ready_engine: Callable[[], Any], metrics: Metrics
+    ) -> None:
+        self.settings = settings
+        self.ready_engine = ready_engine
+        self.cache = PatchCache(int(settings.tile_cache_mb * 1024 * 1024))
+        self._service: TileService | None = None
+        self.sources = MapSources(settings)
+        self.scenes = SceneRoutes(settings, ready_engine, lambda: self.service, metrics)
+        self.page = MapPage(settings, lambda: self.service)
+        metrics.registry.register(PatchCacheCollector(self.cache))
+
+    def register(self, app: FastAPI) -> None:
+        """Add the routes (the page's only with ``--ui``)."""
+        app.add_api_route("/v1/tiles/{z}/{x}/{y}.png", self.tile, methods=["GET"])
+        self.scenes.register(app)
+        if self.settings.ui:
+            self.page.register(app)
+
+    @property
+    def service(self) -> TileService:
+        """The tile service on the ready engine."""
+        if self._service is None:
+            engine = self.ready_engine()
+            formats = tuple(self.settings.engine.allowed_formats)
+            self._service = TileService(
+                engine,
+                self.cache,
+                formats,
+                self.settings.request_timeout_s,
+                lambda deadline: open_budget(self.settings, deadline),
+            )
+        return self._service
+
+    async def tile(
+        self, z: int, x: int, y: int, source: str, kind: str = "classes", hide: str = ""
+    ) -> Response:
+        """GET /v1/tiles/{z}/{x}/{y}.png: one tile (transparent where the scene is not)."""
+        check_tile(z, x, y)
+        if kind not in TILE_KINDS:
+            raise InputError(
+                f"kind: {kind[:40]!r} is not a tile kind; choose {', '.join(TILE_KINDS)}"
+            )
+        service = self.service
+        hidden = _class_codes(hide, len(service.class_names()))
+        if source.startswith("output:"):
+            path = self.sources.output_file(source.removeprefix("output:"))
+            if kind == "input":
+                raise InputError("kind: a stored output has no input bands; ask for classes")
+            body = await asyncio.to_thread(service.stored_tile, path, z, x, y, kind, hidden)  # type: ignore[arg-type]
+        elif source.startswith("scn-"):
+            with self.scenes.store.use(source) as scene:  # (not evicted while its tile is made)
+                body = await service.tile(scene.source(), z, x, y, kind, hidden)  # type: ignore[arg-type]
+        else:
+            tile_source = await self.sources.resolve(source)
+            body = await service.tile(tile_source, z, x, y, kind, hidden)  # type: ignore[arg-type]
+        return Response(body, media_type="image/png", headers={"Cache-Control": "no-store"})
+
+
+def _class_codes(text: str, count: int) -> tuple[int, ...]:
+    """The class codes of a tile's ``hide`` (comma-separated, each below ``count``)."""
+    codes = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        if not part.isdigit() or int(part) >= count:
+            raise InputError(
+                f"hide: {part[:20]!r} is not a class code of this model (0 to {count - 1})"
+            )
+        codes.append(int(part))
+    return tuple(codes)
