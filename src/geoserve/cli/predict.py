@@ -248,6 +248,7 @@ def _predict_all(
         from geoserve.quicklook import preload
 
         threading.Thread(target=preload, name="geoserve-quicklook-import", daemon=True).start()
+
     def show(stitched: int, _total: int) -> None:
         if progress is not None:
             progress.update(min(stitched, total), final=not engine.has_unfinished())
