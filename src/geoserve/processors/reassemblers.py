@@ -129,13 +129,9 @@ class SegmentationReassembler(OutputProcessor):
             nodata = int(np.iinfo(dtype).max)
             # class indices already taken on the device (see reduce_rows), or logits
             if blended.dtype.kind in "iu":
-                index = blended[0]
-            else:
-                index = blended.argmax(axis=0)
-                bad = ~np.isfinite(blended).all(axis=0)
-                if bad.any():  # a model that returned NaN or inf there: no class, nodata
-                    index[bad] = nodata
-            out = index.astype(dtype, copy=True)[np.newaxis]
+                out = blended[0].astype(dtype, copy=True)[np.newaxis]
+            else:  # (a model that returned NaN or inf at a pixel: no class there, nodata)
+                out = _class_index(blended, dtype, nodata)[np.newaxis]
             nonfinite = _count_nonfinite(out[0], nodata, valid)
             if valid is not None:
                 out[0, ~valid] = nodata
@@ -242,6 +238,25 @@ def _count_nonfinite(
     if n:
         logger.warning("the model returned NaN or inf for %d pixel(s); written as nodata", n)
     return n
+
+
+def _class_index(x: NDArray[np.float32], dtype: Any, nodata: int) -> NDArray[Any]:
+    """``x.argmax(axis=0)`` as ``dtype`` (ties: the first class); ``nodata`` at NaN or inf.
+
+    One pass per class over its contiguous rows, where numpy's argmax over the first axis
+    walks across the classes pixel by pixel (4x slower for two classes); the same classes.
+    """
+    best = x[0].copy()
+    index = np.zeros(x.shape[1:], dtype=dtype)
+    finite = np.isfinite(best)
+    above = np.empty(x.shape[1:], dtype=bool)
+    for c in range(1, x.shape[0]):
+        np.greater(x[c], best, out=above)  # strictly: a tie keeps the earlier class
+        np.copyto(index, c, where=above)
+        np.maximum(best, x[c], out=best)
+        finite &= np.isfinite(x[c])
+    np.copyto(index, nodata, where=~finite)
+    return index
 
 
 def _confidence(x: NDArray[np.float32]) -> NDArray[np.float32]:
