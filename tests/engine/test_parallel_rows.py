@@ -10,6 +10,7 @@ read gives.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -343,3 +344,76 @@ def test_a_stalled_fetch_holds_one_reader_thread_not_all():
         assert time.monotonic() - t0 < 5  # not held until the stalled input gives up
         gate.set()
         slow.close()
+
+
+class _CountingRows(GeoTiffPatcher):
+    """A plugin's patcher that reads rows its own way (here: counts them, doubles a band)."""
+
+    def read_row(self, sources, ctx, row):  # type: ignore[no-untyped-def]
+        seen.append(("row", row))
+        out = super().read_row(sources, ctx, row)
+        return dataclasses.replace(out, patches=np.asarray(out.patches) * 2)
+
+
+class _CountingBand(GeoTiffPatcher):
+    def read_band(self, sources, ctx, row):  # type: ignore[no-untyped-def]
+        seen.append(("band", row))
+        return super().read_band(sources, ctx, row)
+
+
+seen: list[tuple[str, int]] = []
+
+
+@pytest.mark.parametrize("cls", [_CountingRows, _CountingBand])
+def test_a_subclass_reading_rows_its_own_way_is_honoured(tmp_path, cls, register_model):
+    """The engine's fetch/cut split must not bypass a plugin patcher's read_row/read_band."""
+    from geoserve import RawReassembler
+    from tests.stub_models import SlowReadIdentity
+
+    data = np.random.default_rng(1).integers(1, 100, (1, 40, 30)).astype("float32")
+    path = write_geotiff(tmp_path / "in.tif", data)
+    proc = cls(patch_size=16, stride=16, blend="none")
+    model = type(f"Identity{cls.__name__}", (SlowReadIdentity,), {})  # (a factory of its own)
+    name = register_model(f"counting-{cls.__name__}", model, proc, RawReassembler())
+    seen.clear()
+    with Engine(name, read_workers=2, warmup=False) as engine:
+        out = engine.generate_image(path, out_format="tensor").raise_for_error()
+    kind = "row" if cls is _CountingRows else "band"
+    assert sorted(r for k, r in seen if k == kind) == [0, 1, 2]  # every row, its own way
+    want = data * 2 if cls is _CountingRows else data
+    np.testing.assert_array_equal(out.outputs.tensor.numpy(), want)
+
+
+def test_dates_of_different_types_match_nodata_each_in_its_own(tmp_path):
+    """A float32 date's nodata 0.1 is float32(0.1) in it, though the row holds both dates as
+    float64: the pixel is still nodata (as when each date was read alone)."""
+    a = np.full((1, 20, 20), 7.0, np.float64)  # the first date: nodata 0.1 exactly
+    b = np.full((1, 20, 20), 5.0, np.float32)
+    b[0, 3, 4] = np.float32(0.1)
+    paths = [
+        write_geotiff(tmp_path / "a.tif", a, nodata=0.1),
+        write_geotiff(tmp_path / "b.tif", b, nodata=0.1),
+    ]
+    proc = GeoTiffPatcher(patch_size=8, stride=8, blend="none", num_frames=2)
+    sources = [open_raster(p) for p in paths]
+    try:
+        ctx = proc.prepare(sources)
+        row = proc.read_row(sources, ctx, 0)
+        assert row.core_valid is not None
+        assert not row.core_valid[3, 4]  # nodata in date 1 (float32)
+        assert row.core_valid.sum() == row.core_valid.size - 1
+    finally:
+        for s in sources:
+            s.close()
+
+
+def test_a_source_restricted_after_reads_reads_the_window(tmp_path):
+    data = np.random.default_rng(4).integers(0, 9000, (2, 300, 37)).astype("uint16")
+    path = write_geotiff(tmp_path / "w.tif", data, tiled=True, blockxsize=16, blockysize=16)
+    from rasterio.windows import Window
+
+    with open_raster(path) as src:
+        src.read_rows(0, 200, [0, 1])  # chunks of the full width, then a spare
+        src.read_rows(150, 290, [0, 1])
+        src.restrict(Window(5, 10, 20, 250), "window")
+        np.testing.assert_array_equal(src.read_rows(0, 250, [0, 1]), data[:, 10:260, 5:25])

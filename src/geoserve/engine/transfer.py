@@ -113,7 +113,8 @@ def to_host(tensor: torch.Tensor, *, copy: bool = False) -> HostCopy:
     if tensor.device.type == "cuda":
         pinned = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
         pinned.copy_(tensor, non_blocking=True)
-        event = torch.cuda.Event()  # type: ignore[no-untyped-call]
+        # blocking: a thread waiting for it sleeps instead of spinning a core
+        event = torch.cuda.Event(blocking=True)  # type: ignore[no-untyped-call]
         event.record(torch.cuda.current_stream(tensor.device))  # the copy's stream, after it
         return HostCopy(pinned.numpy(), event)
     if tensor.device.type != "cpu":  # another accelerator: a synchronous copy, already new
@@ -147,22 +148,27 @@ class DeviceSpan:
     there is nothing to time and it says 0.
     """
 
-    __slots__ = ("_end", "_start", "patches")
+    __slots__ = ("_device", "_end", "_start", "patches")
 
     def __init__(self, device: torch.device) -> None:
+        self._device = device
         self._start: Any = None
         self._end: Any = None
         self.patches = 1  # the work's patches: each has this share of its time
         if device.type == "cuda":
-            self._start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-            self._start.record()
+            self._start = self._mark()
+
+    def _mark(self) -> Any:
+        """An event recorded on the device's current stream (not the current device's)."""
+        event = torch.cuda.Event(enable_timing=True, blocking=True)  # type: ignore[no-untyped-call]
+        event.record(torch.cuda.current_stream(self._device))
+        return event
 
     def stop(self, patches: int = 1) -> None:
         """Mark the end of the work queued since the span began (for ``patches`` patches)."""
         self.patches = max(1, patches)
         if self._start is not None:
-            self._end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-            self._end.record()
+            self._end = self._mark()
 
     def seconds(self) -> float:
         """The device's time between the two marks (waits for the end mark if needed)."""

@@ -71,6 +71,9 @@ class RasterContext:
     model_kwargs: Mapping[str, NDArray[np.float32]] = dataclasses.field(default_factory=dict)
     modalities: tuple[ModalityContext, ...] = ()
     """For a multimodal model, each modality's own plan (empty otherwise)."""
+    dtypes: tuple[str, ...] = ()
+    """Each date's data type, when the dates differ in it (their nodata is matched in each
+    date's own type, though the row holds them in a common one); empty otherwise."""
 
     @property
     def input_values(self) -> int:

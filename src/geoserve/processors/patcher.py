@@ -182,6 +182,7 @@ class GeoTiffPatcher(InputProcessor):
             profile={**first.profile, "nodata": nodata},
             has_nodata=nodata is not None or any(np.dtype(i.dtype).kind == "f" for i in infos),
             model_kwargs=kwargs,
+            dtypes=tuple(i.dtype for i in infos) if len({i.dtype for i in infos}) > 1 else (),
         )
 
     def _select(self, info: RasterInfo) -> list[int]:
@@ -205,7 +206,7 @@ class GeoTiffPatcher(InputProcessor):
         The patches are strided views into one normalised band of rows (no per-patch copies:
         overlapping patches share memory); batching copies them once, into the batch.
         """
-        return self.cut_row(self.fetch_row(sources, ctx, row), ctx, row)
+        return self.cut_row(self._fetch_own(sources, ctx, row, None), ctx, row)
 
     def read_row_on(
         self,
@@ -223,7 +224,7 @@ class GeoTiffPatcher(InputProcessor):
         Gives the same values as :meth:`read_row` (the same float32 operations in the same
         order; the tests compare them bit for bit on CPU tensors).
         """
-        return self.cut_row(self.fetch_row(sources, ctx, row, device), ctx, row, device)
+        return self.cut_row(self._fetch_own(sources, ctx, row, device), ctx, row, device)
 
     def fetch_row(
         self,
@@ -231,20 +232,41 @@ class GeoTiffPatcher(InputProcessor):
         ctx: RasterContext,
         row: int,
         device: torch.device | None = None,
-    ) -> NDArray[Any]:
-        """The raw rows under grid row ``row`` (:meth:`fetch_raw`); pinned for a CUDA device."""
+    ) -> Any:
+        """The raw rows under grid row ``row`` (:meth:`fetch_raw`); pinned for a CUDA device.
+
+        A subclass that reads rows its own way (overrides :meth:`read_row`, :meth:`read_row_on`
+        or :meth:`read_band`) is honoured: its read is the fetch (in row order), and nothing
+        of it runs in parallel.
+        """
+        if _overridden(type(self)) == "row":
+            return super().fetch_row(sources, ctx, row, device)  # its read_row(_on), whole
+        return self._fetch_own(sources, ctx, row, device)
+
+    def _fetch_own(
+        self,
+        sources: Sequence[RasterSource],
+        ctx: RasterContext,
+        row: int,
+        device: torch.device | None,
+    ) -> Any:
+        """The fetch of :meth:`fetch_row`: the raw rows, or a subclass's own :meth:`read_band`."""
+        if _overridden(type(self)) == "band":
+            return self.read_band(sources, ctx, row)
         cuda = device is not None and device.type == "cuda"
         return self.fetch_raw(sources, ctx, row, pinned if cuda else np.empty)
 
     def cut_row(
         self,
-        fetched: NDArray[Any],
+        fetched: Any,
         ctx: RasterContext,
         row: int,
         device: torch.device | None = None,
     ) -> PatchRow:
         """Normalise and cut the raw rows :meth:`fetch_row` gave (in torch on ``device``)."""
-        band = self.band_of(fetched, ctx, row)
+        if isinstance(fetched, PatchRow):  # a subclass's own read_row
+            return fetched
+        band = fetched if isinstance(fetched, RawBand) else self.band_of(fetched, ctx, row)
         if device is not None:
             return self._cut_torch(band, ctx, row, device)
         grid = ctx.grid
@@ -349,6 +371,15 @@ class GeoTiffPatcher(InputProcessor):
             "tags": {"ACQUISITION_DATE": "2020-06-01"},
         }
         return RasterArray(data, profile, name="<dummy>")
+
+
+def _overridden(cls: type) -> str | None:
+    """Which of the row reads a subclass of :class:`GeoTiffPatcher` overrides, if any."""
+    if any(getattr(cls, n) is not getattr(GeoTiffPatcher, n) for n in ("read_row", "read_row_on")):
+        return "row"
+    if cls.read_band is not GeoTiffPatcher.read_band:  # type: ignore[attr-defined]
+        return "band"
+    return None
 
 
 _streams = threading.local()

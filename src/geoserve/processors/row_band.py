@@ -92,7 +92,16 @@ def band_of(
     grid = ctx.grid
     cols = tuple(range(grid.cols))
     nodata = ctx.profile.get("nodata")
-    bad = _invalid(raw, nodata)  # like raw, or None
+    if ctx.dtypes and raw.ndim == 4:  # dates of different types: each matched in its own
+        masks = [_invalid(raw[:, t], _as(nodata, dtype)) for t, dtype in enumerate(ctx.dtypes)]
+        bad = None
+        if any(mask is not None for mask in masks):
+            bad = np.zeros(raw.shape, dtype=bool)
+            for t, mask in enumerate(masks):
+                if mask is not None:
+                    bad[:, t] = mask
+    else:
+        bad = _invalid(raw, nodata)  # like raw, or None
     if bad is None:
         return RawBand(raw=raw, invalid=None, cols=cols, core_valid=None)
     # an invalid pixel: nodata in any band (and date), or with per_band_nodata in all
@@ -144,6 +153,14 @@ def _runs(dst: NDArray[np.intp], src: NDArray[np.intp]) -> list[tuple[slice, sli
         runs.append((slice(int(dst[start]), int(dst[stop - 1]) + 1), source))
         start = stop
     return runs
+
+
+def _as(nodata: float | None, dtype: str) -> float | None:
+    """``nodata`` as a value of ``dtype`` holds it (what a comparison in that type matches)."""
+    if nodata is None or np.isnan(nodata):
+        return nodata
+    with np.errstate(all="ignore"):
+        return float(np.asarray(nodata).astype(dtype))
 
 
 def _invalid(raw: NDArray[Any], nodata: float | None) -> NDArray[np.bool_] | None:

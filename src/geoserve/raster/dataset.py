@@ -228,6 +228,7 @@ class DatasetSource(RasterSource):
             block_bytes=self.info.block_bytes * touched // ds.width,
         )
         self._recycle(len(self._chunks))
+        self._spare.clear()  # (chunks of the old width)
 
     def _read(self, row_start: int, row_stop: int, bands: Sequence[int], out: NDArray[Any]) -> None:
         """Decode rows ``[row_start, row_stop)`` of ``bands`` into ``out``."""
