@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import signal
 import sys
 import threading
@@ -213,27 +212,21 @@ def _predict_all(
 
     ``request``: the modalities given with ``-i``, the one request (instead of the files).
     """
-    from geoserve.raster.sinks import output_paths
-
-    out = Path(args.output)
     items: list[Any] = [list(args.inputs)] if args.time_series else list(args.inputs)
     if request is not None:
         items = [request]
     one = args.time_series or request is not None
     dates = [args.dates] if one else args.dates or [None] * len(items)
     on = f" on {reference_of(engine.in_proc, list(request)).label()}" if request else ""
-    kinds = [getattr(p, "kind", "raw") for p in engine.out_procs]
-    fmt = engine.config.polygon_format
-    if str(args.output).endswith(("/", os.sep)):  # a directory, created if missing
-        _make_dir(out)
-    if len(items) == 1:
-        # named after the first input (the first modality's): output_paths' rule; with
-        # several kinds a path that is no directory is the stem of their files
-        first = output_paths(items, out, kinds, fmt)[0] if out.is_dir() else out
-        paths: list[Path | None] = [first]
-    else:
-        _make_dir(out)
-        paths = list(output_paths(items, out, kinds, fmt))
+    # the engine's rule (a directory holds outputs named after each input, created if
+    # missing; a single input's path that is no directory is its file or, with several
+    # kinds, their stem)
+    try:
+        paths: list[Path | None] = list(
+            engine.output_paths(items, args.output, single=len(items) == 1)
+        )
+    except ConfigError as exc:
+        raise ConfigError(f"-o {exc}") from None
     t0 = time.perf_counter()
     for item, path, when in zip(items, paths, dates, strict=False):
         if isinstance(item, list | dict) or item not in skip:
@@ -263,16 +256,6 @@ def _predict_all(
             f"{patches} patches in {dt:.1f} s ({patches / max(dt, 1e-9):.1f} patches/s)"
         )
     return 1 if failed else 0
-
-
-def _make_dir(path: Path) -> None:
-    """Create the output directory ``path``; a one-line error naming it if it cannot be."""
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ConfigError(
-            f"-o {path}: cannot create the directory ({exc.strerror or exc})"
-        ) from None
 
 
 def _quicklook_paths(

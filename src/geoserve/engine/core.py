@@ -21,7 +21,6 @@ that raises fails only the requests whose own patches make it fail; the engine k
 from __future__ import annotations
 
 import logging
-import os
 import uuid
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -57,7 +56,7 @@ from geoserve.processors.embeddings import check_token_tiling
 from geoserve.raster.dates import DateLike, dates_per_item
 from geoserve.raster.gdal_setup import default_read_workers, limit_gdal_cache
 from geoserve.raster.grid import BlendMode, PatchGrid
-from geoserve.raster.sinks import output_paths
+from geoserve.raster.sinks import planned_paths
 from geoserve.raster.source import DataFormat, RasterArray, RasterLike
 from geoserve.registry import ModelSpec
 from geoserve.schemas import (
@@ -365,7 +364,11 @@ class Engine(Admission):
         """
         single = not isinstance(x_or_list, list)
         items = cast(list[ImageInput], [x_or_list] if single else list(x_or_list))  # type: ignore[arg-type]
-        paths = self._output_paths(items, output_path, out_format, single)
+        paths: list[Path | None] = (
+            [None] * len(items)
+            if out_format != "path" or output_path is None
+            else list(self.output_paths(items, output_path, single=single))
+        )
         per_item = [dates] if single else dates_per_item(items, dates)
         ids = [
             self.add_request(
@@ -379,21 +382,16 @@ class Engine(Admission):
             return outputs[0].raise_for_error()
         return outputs
 
-    def _output_paths(
-        self,
-        items: Sequence[ImageInput],
-        output_path: str | Path | None,
-        out_format: str,
-        single: bool,
-    ) -> list[Path | None]:
-        if out_format != "path" or output_path is None:
-            return [None] * len(items)
+    def output_paths(
+        self, items: Sequence[ImageInput], output_path: str | Path, *, single: bool
+    ) -> list[Path]:
+        """Where the outputs of ``items`` go (``out_format="path"``): see :func:`planned_paths`.
+
+        Raises:
+            ConfigError: a directory for them cannot be created (naming it).
+        """
         kinds = [getattr(p, "kind", "raw") for p in self.out_procs]
-        directory = str(output_path).endswith(("/", os.sep)) or Path(output_path).is_dir()
-        if single and not (len(kinds) > 1 and directory):
-            return [Path(output_path)]
-        # a list, or several kinds of one input into a directory: named after each input
-        return list(output_paths(items, output_path, kinds, self.config.polygon_format))
+        return planned_paths(items, output_path, kinds, self.config.polygon_format, single)
 
     def transform(self, tensors: Sequence[torch.Tensor]) -> list[TensorRequestOutput]:
         """Run already-normalised tensors through the model, batched like image requests.

@@ -273,3 +273,31 @@ def output_paths(
             name = f"{name}_pred{kind_suffix(kinds[0], polygon_format)}"
         paths.append(directory / name)
     return paths
+
+
+def planned_paths(
+    items: Sequence[Any],
+    output_path: str | os.PathLike[str],
+    kinds: Sequence[str],
+    polygon_format: str,
+    single: bool,
+) -> list[Path]:
+    """Where the outputs of ``items`` go, one path each (the engine's and the CLI's rule).
+
+    A single input's ``output_path`` is its file (with several output kinds, their stem)
+    unless it is a directory (one that exists, or a path ending with ``/``): then, as for a
+    list, each input's outputs are named after it inside (:func:`output_paths`). A directory
+    is created if missing.
+
+    Raises:
+        ConfigError: the directory cannot be created (naming it).
+    """
+    out = Path(output_path)
+    directory = os.fspath(output_path).endswith(("/", os.sep)) or out.is_dir()
+    if single and not directory:
+        return [out]
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"{out}: cannot create the directory ({exc.strerror or exc})") from None
+    return output_paths(items, out, kinds, polygon_format)
