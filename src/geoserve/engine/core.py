@@ -288,14 +288,14 @@ class Engine(Admission):
         """Step until no request is pending, yielding each finished request."""
         done = 0
         while self.has_unfinished():
-            for result in self.step():
-                done += result.num_patches
-                yield result
-            if progress is not None:
+            results = self.step()
+            done += sum(r.num_patches for r in results)
+            if progress is not None:  # (before the step's results: a caller reports them)
                 active = self.scheduler.active
                 total = sum(r.num_patches for r in active) + done
                 stitched = done + sum(r.num_patches - len(r.queue) - r.in_flight for r in active)
                 progress(stitched, total)
+            yield from results
 
     @overload
     def generate_image(
