@@ -26,6 +26,7 @@ from geoserve.raster.codecs import LEVELS, Codec
 from geoserve.raster.sinks import make_sink
 from geoserve.raster.write import OutputRaster
 from tests.conftest import UTM_TRANSFORM, read
+from tests.system_python import imports
 
 PROFILE = {"crs": rasterio.crs.CRS.from_epsg(32633), "transform": UTM_TRANSFORM}
 SYSTEM_PYTHON = "/usr/bin/python3"  # Debian's, with Debian's GDAL (python3-gdal)
@@ -119,16 +120,6 @@ def test_the_knob_reaches_the_file_and_flags_and_refuses_bad_levels(tmp_path, ma
         EngineConfig.build(output_compression="lzw", output_compression_level=3)
 
 
-def _has_system_gdal() -> bool:
-    try:
-        found = subprocess.run(
-            [SYSTEM_PYTHON, "-c", "from osgeo import gdal"], capture_output=True, timeout=60
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return found.returncode == 0
-
-
 READ_WITH_SYSTEM_GDAL = textwrap.dedent(
     """
     import json, sys
@@ -146,7 +137,9 @@ READ_WITH_SYSTEM_GDAL = textwrap.dedent(
 )
 
 
-@pytest.mark.skipif(not _has_system_gdal(), reason="no system Python with Debian's GDAL")
+@pytest.mark.skipif(
+    not imports(SYSTEM_PYTHON, "osgeo.gdal"), reason="no system Python with Debian's GDAL"
+)
 @pytest.mark.parametrize("cog", [False, True])
 def test_debian_12s_gdal_reads_the_default_output(tmp_path, cog):
     classes = np.random.default_rng(1).integers(0, 10, (1, 70, 90), dtype=np.uint8)

@@ -23,22 +23,13 @@ from geoserve import Engine
 from geoserve.errors import ConfigError
 from geoserve.processors.reassemblers import PALETTE
 from tests.conftest import write_geotiff
+from tests.system_python import imports
 from tests.test_cli import run
 
 QGIS_PYTHON = os.environ.get("GEOSERVE_QGIS_PYTHON", "/usr/bin/python3")
 PROBE = Path(__file__).resolve().parents[1] / "qgis_probe.py"
 NAMES = ["not water", "water"]  # ndwi-water's classes
 COLOURS = [PALETTE[0], PALETTE[1]]  # ... and their colours (the default palette's first two)
-
-
-def _has_qgis() -> bool:
-    try:
-        found = subprocess.run(
-            [QGIS_PYTHON, "-c", "import qgis.core"], capture_output=True, timeout=60
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return found.returncode == 0
 
 
 @pytest.fixture
@@ -64,7 +55,9 @@ def _hex(rgb: tuple[int, int, int]) -> str:
     return "#{:02x}{:02x}{:02x}".format(*rgb)
 
 
-@pytest.mark.skipif(not _has_qgis(), reason=f"no QGIS Python bindings for {QGIS_PYTHON}")
+@pytest.mark.skipif(
+    not imports(QGIS_PYTHON, "qgis.core"), reason=f"no QGIS Python bindings for {QGIS_PYTHON}"
+)
 def test_qgis_shows_exactly_the_models_classes_nodata_transparent_and_opens_the_polygons(
     water_scene, tmp_path
 ):

@@ -13,6 +13,7 @@ patches, so memory stays at (patch rows x width) per input regardless of scene h
 from __future__ import annotations
 
 import dataclasses
+import functools
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -373,8 +374,12 @@ class GeoTiffPatcher(InputProcessor):
         return RasterArray(data, profile, name="<dummy>")
 
 
+@functools.cache
 def _overridden(cls: type) -> str | None:
-    """Which of the row reads a subclass of :class:`GeoTiffPatcher` overrides, if any."""
+    """Which of the row reads a subclass of :class:`GeoTiffPatcher` overrides, if any.
+
+    (Once per class: it is asked for every row.)
+    """
     if any(getattr(cls, n) is not getattr(GeoTiffPatcher, n) for n in ("read_row", "read_row_on")):
         return "row"
     if cls.read_band is not GeoTiffPatcher.read_band:  # type: ignore[attr-defined]
