@@ -25,6 +25,73 @@ import tests.stub_models  # noqa: F401  (registers the test-only models)
 from geoserve import INPUT_REGISTRY, MODEL_REGISTRY, OUTPUT_REGISTRY
 from geoserve.processors import InputProcessor, OutputProcessor
 
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # pytest-xdist's workers set COLUMNS=80 and LINES=24: the commands the tests run would then
+    # lay out their tables for 80 columns, where a serial run's get the default width
+    for _name in ("COLUMNS", "LINES"):
+        os.environ.pop(_name, None)
+
+#: Tests that share the session's local Ray cluster (``ray_cluster``): on several workers they
+#: run on one, one after another, so that one cluster is started, not one per worker. (The
+#: docs' ``--ray`` commands start a cluster of their own for a few seconds and stay with their
+#: module.)
+RAY_TESTS = ("tests/distributed/",)
+
+#: Test modules that take longest, started first on several workers so that none of them is
+#: left running alone at the end.
+LONG_MODULES = (
+    "tests/engine/test_streaming.py",
+    "tests/trust/test_tile_memory.py",
+    "tests/trust/test_limits.py",
+    "tests/test_plugins.py",
+    "tests/test_docs_shell.py",
+    "tests/engine/test_streaming_multimodal.py",
+    "tests/test_cli_output_kinds.py",
+    "tests/engine/test_streaming_kinds.py",
+    "tests/trust/test_faults.py",
+    "tests/test_cli.py",
+)
+
+
+def scope_of(nodeid: str) -> str:
+    """Which tests run together on one worker: ``"ray"`` for :data:`RAY_TESTS`, else the
+    module (so a module's fixtures are built once)."""
+    if nodeid.startswith(RAY_TESTS):
+        return "ray"
+    return nodeid.split("::")[0]
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Under pytest-xdist (``-n``), tests are sent to the workers by :func:`scope_of`.
+
+    (pytest-xdist's own ``--dist loadgroup`` marks do not group on pytest 9.2: see
+    pytest-dev/pytest-xdist#1386; this scheduler does not depend on them.)
+    """
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByScope(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            return scope_of(nodeid)
+
+    return ByScope(config, log)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """On several workers, the Ray tests and the longest modules go first (each worker
+    collects the same order); without ``-n`` the order is pytest's own."""
+
+    def rank(item: pytest.Item) -> int:
+        if scope_of(item.nodeid) == "ray":
+            return 0
+        path = item.nodeid.split("::")[0]
+        hits = [i for i, prefix in enumerate(LONG_MODULES) if path.startswith(prefix)]
+        return 1 + (hits[0] if hits else len(LONG_MODULES))
+
+    if getattr(config.option, "numprocesses", None) or os.environ.get("PYTEST_XDIST_WORKER"):
+        items.sort(key=rank)  # (stable: pytest's order within each rank)
+
+
 #: Only the Sen1Floods11 files (not redistributable) come from outside the repository.
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 LAKE = Path(__file__).resolve().parents[1] / "data" / "S2_L1C_T33UUU_20170216T102101_13band_10m.tif"

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # (the redundant aliases mark them as re-exported)
     from geoserve.config import EngineConfig as EngineConfig
     from geoserve.engine import Engine as Engine
+    from geoserve.engine import RequestSpec as RequestSpec
     from geoserve.errors import GeoServeError as GeoServeError
     from geoserve.plugins import load_plugins as load_plugins
     from geoserve.processors import GeoTiffPatcher as GeoTiffPatcher
@@ -38,6 +39,7 @@ __version__ = "0.1.0"
 #: public name -> the module that defines it
 _HOMES = {
     "Engine": "geoserve.engine",
+    "RequestSpec": "geoserve.engine",
     "EngineConfig": "geoserve.config",
     "GeoServeError": "geoserve.errors",
     "load_plugins": "geoserve.plugins",

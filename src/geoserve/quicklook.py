@@ -20,13 +20,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import rasterio
 from numpy.typing import NDArray
 
 from geoserve.errors import GeoServeError, OutputWriteError
+from geoserve.raster.source import DataFormat, RasterInfo, RasterSource, open_raster
 from geoserve.raster.thumbnail import read_thumbnail
 from geoserve.raster.true_colour import choose_bands, stretch_limits
-from geoserve.raster.trust import ALLOWABLE_INPUT_FORMATS, open_allowed
+from geoserve.raster.trust import ALLOWABLE_INPUT_FORMATS
 
 
 def model_band_roles(in_proc: Any, path: str | os.PathLike[str]) -> dict[int, str]:
@@ -37,13 +37,9 @@ def model_band_roles(in_proc: Any, path: str | os.PathLike[str]) -> dict[int, st
     """
     if in_proc is None:
         return {}
-    from geoserve.raster.source import open_raster
-
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # the engine already warned about this file
-            with open_raster(path, formats=ALLOWABLE_INPUT_FORMATS) as src:
-                return dict(in_proc.band_roles_for(src.info))
+        with _opened(path) as src:
+            return dict(in_proc.band_roles_for(src.info))
     except GeoServeError:
         return {}
 
@@ -61,14 +57,24 @@ def _stretch(bands: np.ma.MaskedArray[Any, Any]) -> NDArray[np.float32]:
     return out
 
 
-def _caption(ds: Any) -> str:
-    crs = ds.crs
+def _caption(info: RasterInfo) -> str:
+    crs = info.crs
     if crs is None:
         return "not georeferenced"
     epsg = crs.to_epsg()
     name = f"EPSG:{epsg}" if epsg else crs.to_string()[:40]
     unit = "°" if crs.is_geographic else " m"
-    return f"{name}, pixel {abs(ds.transform.a):.4g}{unit} x {abs(ds.transform.e):.4g}{unit}"
+    return f"{name}, pixel {abs(info.transform.a):.4g}{unit} x {abs(info.transform.e):.4g}{unit}"
+
+
+def _opened(path: str | os.PathLike[str], data_format: DataFormat = "auto") -> RasterSource:
+    """A raster the engine already accepted (a file, an input's URL), opened again.
+
+    Through the trust rules, as every input is.
+    """
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the engine already warned about this file
+        return open_raster(path, data_format, formats=ALLOWABLE_INPUT_FORMATS)
 
 
 def _pyplot() -> Any:
@@ -106,28 +112,31 @@ def render_quicklook(
     from matplotlib.colors import ListedColormap
     from matplotlib.patches import Patch
 
-    with open_allowed(str(input_path)) as src:  # never by GDAL's sniffing
-        bands, shown = choose_bands(src, roles)
+    with _opened(input_path) as src:  # never by GDAL's sniffing
+        bands, shown = choose_bands(src.info, roles)
         rgb = _stretch(read_thumbnail(src, bands, max_side))
-        caption = _caption(src)
-    with rasterio.open(output_path) as out:
-        pred = read_thumbnail(out, [1], max_side)[0]
-        names = out.tags().get("CLASS_NAMES", "").split(",")
-        is_classes = (
-            out.dtypes[0] in ("uint8", "uint16")
-            and out.tags().get("GEOSERVE_OUTPUT", "classes") == "classes"
-        )
-        colormap = out.colormap(1) if is_classes and out.dtypes[0] == "uint8" else None
-        label = out.descriptions[0] or "band 1"
-        which = f", band 1 of {out.count}" if out.count > 1 else ""
+        caption = _caption(src.info)
+    with _opened(output_path, "path") as out:
+        pred = read_thumbnail(out, [0], max_side)[0]
+    info = out.info
+    names = info.tags.get("CLASS_NAMES", "").split(",")
+    is_classes = (
+        info.dtype in ("uint8", "uint16")
+        and info.tags.get("GEOSERVE_OUTPUT", "classes") == "classes"
+    )
+    colormap = info.colormap if is_classes and info.dtype == "uint8" else None
+    label = info.descriptions[0] or "band 1"
+    which = f", band 1 of {info.count}" if info.count > 1 else ""
     aspect = rgb.shape[0] / rgb.shape[1]  # the two panels share the input's shape
     fig, axes = plt.subplots(1, 2, figsize=(12, min(12.0, max(3.0, 6 * aspect)) + 1.0), dpi=100)
     axes[0].imshow(rgb, interpolation="nearest")
     axes[0].set_title(f"input: {Path(input_path).name}\n{shown}", fontsize=9)
     if is_classes:
         n = max(len(names), int(pred.max()) + 1 if pred.count() else 1)
+        grey = (128, 128, 128, 255)
         colors = [
-            tuple(c / 255 for c in (colormap or {}).get(i, (128, 128, 128, 255))) for i in range(n)
+            (r / 255, g / 255, b / 255, a / 255)
+            for r, g, b, a in ((colormap or {}).get(i, grey) for i in range(n))
         ]
         axes[1].imshow(
             np.ma.masked_greater_equal(pred, n),

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from geoserve import Engine, GeoTiffPatcher, RasterArray, RawReassembler
+from geoserve import Engine, GeoTiffPatcher, RasterArray, RawReassembler, RequestSpec
 from geoserve.engine.async_engine import AsyncEngine
 from geoserve.errors import PayloadTooLargeError, QueueFullError, RequestTimeoutError
 
@@ -31,7 +31,10 @@ def test_results_match_offline():
 
     async def main():
         return await asyncio.gather(
-            *(ae.submit(image(s, s), request_id=f"r{s}", out_format="tensor") for s in (5, 17, 30))
+            *(
+                ae.submit(RequestSpec(image(s, s), request_id=f"r{s}", out_format="tensor"))
+                for s in (5, 17, 30)
+            )
         )
 
     try:
@@ -47,9 +50,13 @@ def test_max_wait_lets_later_patches_join_the_batch():
     ae, sizes = make(max_wait_ms=400)
 
     async def main():
-        first = asyncio.create_task(ae.submit(image(8), request_id="a", out_format="tensor"))
+        first = asyncio.create_task(
+            ae.submit(RequestSpec(image(8), request_id="a", out_format="tensor"))
+        )
         await asyncio.sleep(0.1)
-        second = asyncio.create_task(ae.submit(image(8), request_id="b", out_format="tensor"))
+        second = asyncio.create_task(
+            ae.submit(RequestSpec(image(8), request_id="b", out_format="tensor"))
+        )
         return await asyncio.gather(first, second)
 
     try:
@@ -64,8 +71,8 @@ def test_without_wait_the_first_patch_runs_alone():
     ae, sizes = make(max_wait_ms=0)
 
     async def main():
-        await ae.submit(image(8), request_id="a", out_format="tensor")
-        await ae.submit(image(8), request_id="b", out_format="tensor")
+        await ae.submit(RequestSpec(image(8), request_id="a", out_format="tensor"))
+        await ae.submit(RequestSpec(image(8), request_id="b", out_format="tensor"))
 
     try:
         asyncio.run(main())
@@ -79,9 +86,9 @@ def test_admission_bounds():
 
     async def main():
         with pytest.raises(QueueFullError, match="needs 16"):
-            await ae.submit(image(32), request_id="big", out_format="tensor")
+            await ae.submit(RequestSpec(image(32), request_id="big", out_format="tensor"))
         with pytest.raises(PayloadTooLargeError, match="over the limit of 1500"):
-            await ae.submit(image(40), request_id="huge", out_format="tensor")
+            await ae.submit(RequestSpec(image(40), request_id="huge", out_format="tensor"))
 
     try:
         asyncio.run(main())
@@ -96,7 +103,9 @@ def test_timeout_drops_request(monkeypatch):
 
     async def main():
         with pytest.raises(RequestTimeoutError):
-            await ae.submit(image(64), request_id="slow", out_format="tensor", timeout=0.1)
+            await ae.submit(
+                RequestSpec(image(64), request_id="slow", out_format="tensor"), timeout=0.1
+            )
         await asyncio.sleep(0.2)
 
     try:
@@ -123,7 +132,9 @@ def test_a_bug_in_output_processing_fails_the_request_not_the_loop(register_mode
     ae, _ = make(model)
 
     async def main(value):
-        return await ae.submit(image(8, value), request_id=f"v{value}", out_format="tensor")
+        return await ae.submit(
+            RequestSpec(image(8, value), request_id=f"v{value}", out_format="tensor")
+        )
 
     try:
         out = asyncio.run(asyncio.wait_for(main(1000.0), 10))

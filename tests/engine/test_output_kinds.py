@@ -15,7 +15,7 @@ import rasterio
 import shapely
 import torch
 
-from geoserve import Engine
+from geoserve import Engine, RequestSpec
 from geoserve.errors import ConfigError, GeoServeError, OutputWriteError
 from tests.conftest import read, write_geotiff
 
@@ -222,7 +222,7 @@ def test_kinds_a_model_cannot_produce_are_refused_naming_what_it_offers(scene, t
         with pytest.raises(ConfigError, match=r"scene\.tif.*\.parquet, .*\.gpkg"):
             engine.generate_image(scene, output_path=tmp_path / "scene.tif")
         with pytest.raises(ConfigError, match="cannot produce 'embeddings'|invalid output kind"):
-            engine.prepare_request(scene, output_kind=["classes", "embeddings"])
+            engine.prepare_request(RequestSpec(scene, output_kind=["classes", "embeddings"]))
     assert not list(tmp_path.glob("*.tif.*"))
     assert not list(tmp_path.glob(".*.tmp"))
 
@@ -260,7 +260,10 @@ def test_a_token_kind_first_leaves_every_kind_available(make_geotiff, tmp_path):
     with Engine("demo-water", output_kind=["embeddings", "classes"]) as engine:
         result = engine.generate_image(src, output_path=tmp_path / "e")
         assert list(result.outputs_by_kind) == ["embeddings", "classes"]
-        assert engine.prepare_request(src, output_kind=["confidence"]).out_proc.kind == "confidence"
+        assert (
+            engine.prepare_request(RequestSpec(src, output_kind=["confidence"])).out_proc.kind
+            == "confidence"
+        )
 
 
 def test_requests_with_and_without_tokens_share_batches_cleanly(make_geotiff, caplog):
@@ -269,9 +272,9 @@ def test_requests_with_and_without_tokens_share_batches_cleanly(make_geotiff, ca
         make_geotiff(bands=13, height=300, width=300),
     )
     with Engine("demo-water", max_batch_patches=16) as engine:
-        plain = engine.prepare_request(a, output_kind=["classes"], out_format="tensor")
+        plain = engine.prepare_request(RequestSpec(a, output_kind=["classes"], out_format="tensor"))
         tokens = engine.prepare_request(
-            b, output_kind=["classes", "embeddings"], out_format="bytes"
+            RequestSpec(b, output_kind=["classes", "embeddings"], out_format="bytes")
         )
         engine.admit(plain)
         engine.admit(tokens)
@@ -395,11 +398,11 @@ def test_a_slow_commit_holds_up_no_other_request(tmp_path):
     small = write_geotiff(tmp_path / "small.tif", data[:, :8, :8], descriptions=["B3", "B8"])
     kinds = ["classes", "polygons"]
     with Engine("ndwi-water", output_kind=kinds, max_polygon_vertices_per_pixel=0) as engine:
-        engine.admit(engine.prepare_request(slow, output_path=tmp_path / "slow", request_id="slow"))
-        engine.admit(engine.prepare_request(small, output_path=tmp_path / "s", request_id="small"))
+        engine.admit(engine.prepare_request(RequestSpec(slow, "slow", tmp_path / "slow")))
+        engine.admit(engine.prepare_request(RequestSpec(small, "small", tmp_path / "s")))
         order = [r.request_id for r in engine.run_until_done()]
         assert order == ["small", "slow"]
-        engine.admit(engine.prepare_request(slow, output_path=tmp_path / "gone", request_id="x"))
+        engine.admit(engine.prepare_request(RequestSpec(slow, "x", tmp_path / "gone")))
         while not engine.committing:  # until it is being committed
             engine.step()
         assert engine.abort_request("x")

@@ -11,7 +11,7 @@ import rasterio
 import torch
 from torch import nn
 
-from geoserve import Engine, RawReassembler
+from geoserve import Engine, RawReassembler, RequestSpec
 from geoserve.errors import BandMismatchError, RasterReadError
 from geoserve.processors.multimodal import Modality, MultimodalPatcher
 from geoserve.raster.stac_item import StacItem
@@ -95,12 +95,12 @@ def test_positional_bands_without_roles_ask_for_names(scenes, tmp_path):
     engine = Engine("test-three-for-six", warmup=False)
     item = str(scenes / "s2" / "s2_item.json")
     with pytest.raises(BandMismatchError) as err:
-        engine.prepare_request(item)
+        engine.prepare_request(RequestSpec(item))
     assert f"{scenes / 's2' / 's2_item.json'}: the model selects bands by position" in str(
         err.value
     )
     assert "--bands" in str(err.value)
-    req = engine.prepare_request(item, bands=["red", "green", "blue"])  # by name: fine
+    req = engine.prepare_request(RequestSpec(item, bands=["red", "green", "blue"]))  # by name: fine
     assert req.ctx.band_names == ("red", "green", "blue")
     req.close()
 
@@ -185,7 +185,9 @@ def test_an_item_is_never_read_through_a_path_input(scenes, identity):
     """With data_format="path" a path string is a raster: an Item file is then just a JSON file,
     refused unread. (The server reads a client's Item itself, as a StacItem with its guards.)"""
     with pytest.raises(RasterReadError, match=r"not a readable raster \(the content is a JSON"):
-        identity.prepare_request(str(scenes / "s2" / "s2_item.json"), data_format="path")
+        identity.prepare_request(
+            RequestSpec(str(scenes / "s2" / "s2_item.json"), data_format="path")
+        )
 
 
 def test_an_item_url_is_read_in_place(scenes, identity, tmp_path):

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from geoserve import Engine, GeoTiffPatcher
+from geoserve import Engine, GeoTiffPatcher, RequestSpec
 from geoserve.raster import open_raster
 
 CASES = {
@@ -82,7 +82,7 @@ def test_engine_outputs_equal_with_device_preprocessing(make_geotiff, model):
     for where in ("host", "device"):
         with Engine(model, preprocess=where, max_batch_patches=6) as engine:
             assert engine.preprocess == where
-            req = engine.prepare_request(path, out_format="tensor")  # (not admitted)
+            req = engine.prepare_request(RequestSpec(path, out_format="tensor"))  # (not admitted)
             req.close()
             assert req.stitch_on == (torch.device("cpu") if where == "device" else None)
             outs.append(engine.generate_image(path, out_format="tensor").outputs.tensor)

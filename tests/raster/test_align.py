@@ -17,7 +17,7 @@ from rasterio.crs import CRS
 from rasterio.vrt import WarpedVRT
 from rasterio.warp import Resampling, reproject
 
-from geoserve import Engine, RasterArray
+from geoserve import Engine, RasterArray, RequestSpec
 from geoserve.errors import InputError, NotGeoreferencedWarning, RasterReadError
 from geoserve.raster.align import StackedSource, TargetGrid, WarpedSource, align
 from geoserve.raster.source import open_raster
@@ -218,8 +218,8 @@ def test_a_warped_input_is_costed_at_its_own_size(scenes):
         "fine",
     )
     eng = Engine("identity", patch_size=64)
-    alone = eng.prepare_request(str(s2))
-    both = eng.prepare_request({"s2": str(s2), "fine": fine})
+    alone = eng.prepare_request(RequestSpec(str(s2)))
+    both = eng.prepare_request(RequestSpec({"s2": str(s2), "fine": fine}))
     try:
         assert both.input_pixels == alone.input_pixels + 3000 * 3000
         # the warper may hold all of the fine input at once: it is in the memory estimate

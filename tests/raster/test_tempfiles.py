@@ -6,7 +6,7 @@ import re
 
 import numpy as np
 
-from geoserve import Engine
+from geoserve import Engine, RequestSpec
 from geoserve.raster import tempfiles
 
 #: ``.<target>.<host>-<pid>-<random>.tmp``, the target itself no temporary.
@@ -33,7 +33,7 @@ def test_a_polygons_output_being_written_has_single_prefix_temporaries(make_geot
     target = out / "scene_polygons.parquet"
     seen: set[str] = set()
     with Engine("test-seg", output_kind="polygons", max_batch_patches=1, prefetch=False) as eng:
-        eng.admit(eng.prepare_request(scene, output_path=target, request_id="p"))
+        eng.admit(eng.prepare_request(RequestSpec(scene, request_id="p", output_path=target)))
         while eng.has_unfinished():
             eng.step()
             seen |= {p.name for p in out.iterdir() if p.name.startswith(".")}

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 from rasterio.io import MemoryFile
 
-from geoserve import Engine
+from geoserve import Engine, RequestSpec
 from geoserve.errors import PayloadTooLargeError
 from tests.conftest import http_server, write_geotiff
 from tests.server.conftest import running_server, serve_subprocess
@@ -58,7 +58,7 @@ def test_admitted_requests_share_one_memory_bound(tmp_path, monkeypatch):
     monkeypatch.setenv("GEOSERVE_TEST_SLOW", "0.2")
     path = write_geotiff(tmp_path / "s.tif", np.ones((1, 64, 640), np.float32))
     with Engine("test-slow") as eng:
-        req = eng.prepare_request(str(path), out_format="bytes")
+        req = eng.prepare_request(RequestSpec(str(path), out_format="bytes"))
         need = req.memory_bytes
         req.close()
     limit_mb = 1.5 * need / 2**20  # one fits, two do not
@@ -365,9 +365,9 @@ def test_an_async_engine_survives_its_callers_event_loop_closing(tmp_path, monke
     eng = AsyncEngine(Engine("test-slow", max_batch_patches=1))
     try:
         with pytest.raises(RequestTimeoutError):  # gives up, and its event loop closes
-            asyncio.run(eng.submit(path, request_id="a", timeout=0.2))
+            asyncio.run(eng.submit(RequestSpec(path, "a", out_format="bytes"), timeout=0.2))
         small = str(write_geotiff(tmp_path / "t.tif", np.ones((1, 16, 16), np.float32)))
-        out = asyncio.run(eng.submit(small, request_id="b", timeout=30))
+        out = asyncio.run(eng.submit(RequestSpec(small, "b", out_format="bytes"), timeout=30))
         assert out.ok
         assert eng.crashed is None
     finally:

@@ -160,6 +160,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="PNG",
         help="also draw input and prediction side by side (a directory for several inputs)",
     )
+    p.add_argument(
+        "--stac-item",
+        nargs="?",
+        const="",
+        metavar="PATH",
+        help="also write a STAC Item describing each request's outputs: <output stem>.json "
+        "beside them, or --stac-item=PATH for a single input (docs/outputs.md)",
+    )
     p.add_argument("-q", "--quiet", action="store_true", help="print errors only")
     add_configured_flags(p, config_file=True)
     _debug(p)

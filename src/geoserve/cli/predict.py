@@ -29,6 +29,8 @@ from geoserve.schemas import ImageRequestOutput
 
 
 def _predict_on_ray(args: argparse.Namespace, config: EngineConfig) -> int:
+    if args.stac_item is not None:
+        raise ConfigError("--stac-item cannot be combined with --ray")
     from geoserve.distributed import SceneResult, run_batch
 
     def show(result: SceneResult) -> None:
@@ -227,16 +229,24 @@ def _predict_all(
         )
     except ConfigError as exc:
         raise ConfigError(f"-o {exc}") from None
+    from geoserve.engine.request_spec import RequestSpec  # (torch is loaded by now)
+
     t0 = time.perf_counter()
     for item, path, when in zip(items, paths, dates, strict=False):
         if isinstance(item, list | dict) or item not in skip:
-            engine.add_request(item, output_path=path, request_id=str(path), dates=when)
+            spec = RequestSpec(item, request_id=str(path), output_path=path, dates=when)
+            engine.add_request(spec)
     total = engine.queued_patches
     progress = None
     if not args.quiet and total:
         progress = Progress(total, sys.stderr, tty=sys.stderr.isatty())
     failed, patches = sum(1 for name in args.inputs if name in skip), 0
     quicklooks = _quicklook_paths(args, items, paths)
+    from geoserve.cli.stac_items import ItemWriter, plan_items
+
+    write_item = ItemWriter(
+        engine, plan_items(args.stac_item, items, paths, dates), quiet=args.quiet
+    )
     if quicklooks:  # import matplotlib while the model runs, not after it
         from geoserve.quicklook import preload
 
@@ -249,6 +259,7 @@ def _predict_all(
     for result in engine.run_until_done(show):
         patches += result.num_patches
         failed += _report(result, args, quicklooks, engine.in_proc, on)
+        failed += write_item(result)
     if not args.quiet and len(items) > 1:
         dt = time.perf_counter() - t0
         print(

@@ -100,6 +100,8 @@ class SceneRunner:
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, list[Any]]:
         """Run a batch of scenes (all in one engine, so they share batches); one row each."""
+        from geoserve.engine.request_spec import RequestSpec
+
         outputs = {str(p): str(o) for p, o in zip(batch["path"], batch["output"], strict=True)}
         attempts = dict.fromkeys(outputs, 0)
         errors: dict[str, str] = {}
@@ -109,7 +111,7 @@ class SceneRunner:
             t0 = time.perf_counter()
             for path, out in pending.items():
                 attempts[path] += 1
-                self.engine.add_request(path, output_path=out, request_id=path)
+                self.engine.add_request(RequestSpec(path, request_id=path, output_path=out))
             for result in self.engine.run_until_done():
                 path = result.request_id
                 if result.error is None:

@@ -1,10 +1,11 @@
 """Admission: a request's inputs opened and checked, and its :class:`Request` built.
 
-Nothing here reads a pixel: each input is opened (headers only, through the allowed drivers),
-the input processor plans the request (:meth:`InputProcessor.prepare`: bands, dates, grid,
-model arguments), the output sink is made, and the size guards of
-:mod:`geoserve.engine.limits` run. :class:`Admission` holds the :class:`Engine` methods that
-do it (``prepare_request``, ``admit``, ``add_request``); ``Engine`` derives from it.
+Nothing here reads a pixel: the :class:`~geoserve.engine.request_spec.RequestSpec` is checked
+against the model, each input is opened (headers only, through the allowed drivers), the input
+processor plans the request (:meth:`InputProcessor.prepare`: bands, dates, grid, model
+arguments), the output sinks are made, and the size guards of :mod:`geoserve.engine.limits`
+run. :class:`Admission` is the part of an :class:`Engine` that does it, given what it needs at
+start-up; ``Engine.prepare_request`` and ``Engine.add_request`` delegate to it.
 """
 
 from __future__ import annotations
@@ -15,79 +16,33 @@ import tempfile
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from geoserve.config import EngineConfig
+from geoserve.engine.batch import Patch
 from geoserve.engine.limits import check_request, warn_if_disk_short
-from geoserve.engine.products import (
-    Product,
-    kinds_offered,
-    output_processors,
-    product_sink,
-)
+from geoserve.engine.products import Product, product_sink
 from geoserve.engine.request import Request
-from geoserve.engine.scheduler import Scheduler
+from geoserve.engine.request_spec import RequestSpec
 from geoserve.engine.stac_inputs import StacPlan, stac_processor
-from geoserve.errors import (
-    BandMismatchError,
-    ConfigError,
-    GeoServeError,
-    InputError,
-    prefixed,
-)
+from geoserve.engine.tensor_request import tensor_patcher, tensor_spec
+from geoserve.errors import BandMismatchError, GeoServeError, prefixed
 from geoserve.processors.base import InputProcessor, OutputProcessor, RasterContext
 from geoserve.processors.embeddings import token_grid
 from geoserve.raster.budget import add_pixels
-from geoserve.raster.dates import DateLike, request_dates
 from geoserve.raster.sinks import OutputSink, product_paths
 from geoserve.raster.source import DataFormat, RasterLike, RasterSource, open_raster
 from geoserve.raster.stac_item import is_stac_input
 from geoserve.registry import ModelSpec
-from geoserve.schemas import (
-    OUT_FORMATS,
-    TOKEN_KINDS,
-    ImageRequestOutput,
-    OutFormat,
-)
+from geoserve.schemas import TOKEN_KINDS
 
 if TYPE_CHECKING:
     import torch
 
-#: One request's input: a raster, the dates of one place, or modalities by name (a dict whose
-#: values are a raster or a list of dates).
-ImageInput = RasterLike | Sequence[RasterLike] | Mapping[str, RasterLike | Sequence[RasterLike]]
-
-
-def modality_items(
-    inputs: Mapping[Any, Any], dates: Any
-) -> tuple[dict[str, list[RasterLike]], dict[str, Any] | None]:
-    """A dict request's modalities, each as its list of dates, and their explicit dates.
-
-    ``dates`` is None or a mapping of modality name to its dates (as for a list request).
-
-    Raises:
-        InputError: naming the modality or field at fault.
-    """
-    if not inputs:
-        raise InputError("an empty dict of modalities; give at least one modality")
-    items: dict[str, list[RasterLike]] = {}
-    for name, value in inputs.items():
-        if not isinstance(name, str) or not name:
-            raise InputError(f"modality names must be non-empty strings, got {name!r}")
-        items[name] = list(value) if isinstance(value, list | tuple) else [value]
-        if not items[name]:
-            raise InputError(f"modality {name!r}: an empty list of inputs")
-    if dates is None:
-        return items, None
-    if not isinstance(dates, Mapping):
-        raise InputError("dates: give a dict of modality name to dates for a dict of modalities")
-    when: dict[str, Any] = {}
-    for name, value in dates.items():
-        if name not in items:
-            raise InputError(f"dates: no modality {name!r} in the request")
-        when[name] = request_dates(value, len(items[name]), f"dates[{name!r}]")
-    return items, when
+#: The output processors of some output kinds (``Engine.output_processors``).
+KindProcessors = Callable[[str | Sequence[str]], tuple[OutputProcessor, ...]]
 
 
 def _count_pixels(src: RasterSource, plan: StacPlan | None) -> None:
@@ -104,29 +59,166 @@ def _count_pixels(src: RasterSource, plan: StacPlan | None) -> None:
     add_pixels(info.name, info.width * info.height * bands)
 
 
+@dataclass(kw_only=True)
 class Admission:
-    """The admission half of :class:`Engine`; the attributes below are the engine's."""
+    """Opens and checks requests for one engine (see the module docstring).
+
+    Attributes:
+        spec: The model's registration (name, token size, what it takes).
+        config: The engine's options (allowed formats, prefetch rows, polygon format, limits).
+        in_proc: The engine's input processor.
+        out_procs: The engine's output processors, one per output kind it makes by default.
+        tensor_procs: The output processor of tensor requests (warm-up and
+            ``Engine.transform``: :func:`~geoserve.engine.tensor_request.tensor_procs`).
+        output_processors: The output processors of other kinds, for a request that asks
+            for them (``Engine.output_processors``: its messages name the kinds offered).
+        device: The model's device.
+        preprocess: ``device`` (rows cut on the model's device) or ``host``.
+        read_workers: Reader threads (GDAL's decoding threads for each input).
+        max_request_bytes: The memory bound of one request (None: none).
+        reader: The engine's reader pool, where requests read their rows ahead (None: each
+            row is read when it is needed; :meth:`close` sets it so).
+        output_dir: Where outputs without a path go (None: a temporary directory, made when
+            first needed: :meth:`default_dir`).
+    """
 
     spec: ModelSpec
+    config: EngineConfig
     in_proc: InputProcessor
-    out_proc: OutputProcessor
     out_procs: tuple[OutputProcessor, ...]
-    _model_out_proc: OutputProcessor  # the model's own, whatever kinds the engine makes
+    tensor_procs: tuple[OutputProcessor, ...]
+    output_processors: KindProcessors
     device: torch.device
     preprocess: str
-    config: EngineConfig
     read_workers: int
     max_request_bytes: int | None
-    scheduler: Scheduler
-    _output_dir: Path | None
-    _reader: Executor | None
+    reader: Executor | None
+    output_dir: Path | None = None
 
-    @property
-    def output_dir(self) -> Path:
-        """Directory for outputs without an explicit path (a temporary one by default)."""
-        if self._output_dir is None:
-            self._output_dir = Path(tempfile.mkdtemp(prefix="geoserve-"))
-        return self._output_dir
+    def close(self) -> None:
+        """Forget the reader pool (the engine shuts it down): later requests read in place."""
+        self.reader = None
+
+    def default_dir(self) -> Path:
+        """Directory for outputs without an explicit path (a temporary one unless given)."""
+        if self.output_dir is None:
+            self.output_dir = Path(tempfile.mkdtemp(prefix="geoserve-"))
+        return self.output_dir
+
+    def prepare(self, spec: RequestSpec) -> Request:
+        """Check ``spec``, open its inputs (headers only, no pixels) and build its request.
+
+        Safe to call from any thread: it reads the engine's configuration and nothing else.
+
+        Raises:
+            GeoServeError: a subclass naming the file, band or field at fault.
+        """
+        if not isinstance(spec, RequestSpec):
+            raise TypeError(f"prepare_request takes a RequestSpec, not {type(spec).__name__}")
+        spec = spec.check(self)
+        bands, kinds = spec.bands, spec.output_kind
+        in_proc = self.in_proc.replace(bands=bands) if bands is not None else None
+        out_procs = self.output_processors(kinds) if kinds is not None else None
+        if spec.request_id is None:
+            spec = dataclasses.replace(spec, request_id=uuid.uuid4().hex[:12])
+        return self.new_request(spec, in_proc, out_procs)
+
+    def warmup_patch(self, tokens: bool) -> Patch:
+        """One patch of the input processor's dummy input (for warm-up; ``tokens``: theirs too)."""
+        dummy = RequestSpec(self.in_proc.dummy_request(seed=0), "warmup", out_format="tensor")
+        req = self.new_request(dummy.normalised(), out_procs=self.tensor_procs, tokens=tokens)
+        patch = req.pop_patch()
+        req.close()
+        assert patch is not None  # dummy inputs have no nodata
+        return patch
+
+    def tensor_request(self, i: int, tensor: torch.Tensor, request_id: str) -> Request:
+        """Tensor ``i`` of ``Engine.transform`` as a request: the engine's grid, no value changed.
+
+        Raises:
+            GeoServeError: the tensor's shape, or the size guards.
+        """
+        spec, kind = tensor_spec(i, tensor, request_id)
+        proc = tensor_patcher(self.in_proc)
+        return self.new_request(spec, proc, self.tensor_procs, kind=kind)
+
+    def new_request(
+        self,
+        spec: RequestSpec,
+        in_proc: InputProcessor | None = None,
+        out_procs: Sequence[OutputProcessor] | None = None,
+        *,
+        kind: Callable[..., Request] = Request,
+        tokens: bool = False,
+    ) -> Request:
+        """Open and check a normalised spec's inputs and build its request (``kind``: its type).
+
+        ``in_proc`` and ``out_procs`` (one output processor per output kind) default to the
+        engine's; ``tokens``: the request carries the model's token size whatever its kinds
+        (warm-up of a model's tokens).
+        """
+        inputs = cast(Sequence[RasterLike] | Mapping[str, Sequence[RasterLike]], spec.inputs)
+        rid = spec.request_id or uuid.uuid4().hex[:12]
+        output_path = cast(Path | None, spec.output_path)
+        proc = in_proc or self.in_proc
+        procs = list(out_procs or self.out_procs)
+        opened: list[RasterSource] = []
+        sinks: list[OutputSink] = []
+        try:
+            proc = stac_processor(proc, inputs, spec.data_format)
+            sources, ctx = self._plan(proc, inputs, spec.data_format, spec.dates, opened)
+            kinds = [getattr(p, "kind", "raw") for p in procs]
+            if set(kinds) & set(TOKEN_KINDS) and self.spec.token_size:
+                token_grid(ctx.grid, self.spec.token_size)  # refused unless on token edges
+            paths: list[Path | None] = [None] * len(procs)
+            if spec.out_format == "path":
+                named = output_path is not None
+                base = output_path or self.default_dir() / f"{rid}.tif"
+                fmt = self.config.polygon_format
+                paths = list(product_paths(base, kinds, named=named, polygon_format=fmt))
+            for out_proc, path in zip(procs, paths, strict=True):
+                sinks.append(
+                    product_sink(self.spec, self.config, out_proc, spec.out_format, path, ctx)
+                )
+        except BaseException as exc:
+            for sink in sinks:
+                sink.abort()
+            for src in opened:
+                src.close()
+            if isinstance(exc, BandMismatchError):
+                raise self._with_bands_hint(exc, proc) from exc
+            raise
+        more = tuple(
+            Product(k, p, s) for k, p, s in zip(kinds[1:], procs[1:], sinks[1:], strict=True)
+        )
+        wants_tokens = tokens or bool(set(kinds) & set(TOKEN_KINDS))
+        req = kind(
+            rid,
+            sources,
+            ctx,
+            proc,
+            procs[0],
+            spec.out_format,
+            output_path,
+            sink=sinks[0],
+            reader=self.reader,
+            prefetch_rows=self.config.prefetch_rows,
+            parallel_rows=min(self.config.prefetch_rows, self.read_workers),
+            cut_on=self.device if self.preprocess == "device" else None,
+            stitch_on=self._stitch_device(procs),
+            priority=spec.priority,
+            more_outputs=more,
+            token_size=self.spec.token_size if wants_tokens else None,
+            patch_keys=spec.patch_keys,
+        )
+        try:
+            check_request(req, self.config.max_patches, self.max_request_bytes)
+            if paths[0] is not None:
+                warn_if_disk_short(paths[0], req)
+        except BaseException:
+            req.close()
+            raise
+        return req
 
     def _open(
         self,
@@ -181,82 +273,6 @@ class Admission:
                 by_name[name].append(src)
         return by_name
 
-    def _new_request(
-        self,
-        inputs: Sequence[RasterLike] | Mapping[str, Sequence[RasterLike]],
-        request_id: str,
-        out_format: OutFormat,
-        output_path: Path | None,
-        data_format: DataFormat = "auto",
-        in_proc: InputProcessor | None = None,
-        out_procs: Sequence[OutputProcessor] | None = None,
-        priority: int = 0,
-        dates: Sequence[dt.date | None]
-        | Mapping[str, Sequence[dt.date | None] | None]
-        | None = None,
-        kind: Callable[..., Request] = Request,
-    ) -> Request:
-        """Open and check the inputs and build the request (``kind``: its type).
-
-        ``inputs`` is the dates of one place, or a mapping of modality name to its dates;
-        ``out_procs`` one output processor per output kind (default: the engine's).
-        """
-        proc = in_proc or self.in_proc
-        procs = list(out_procs or self.out_procs)
-        opened: list[RasterSource] = []
-        sinks: list[OutputSink] = []
-        try:
-            proc = stac_processor(proc, inputs, data_format)
-            sources, ctx = self._plan(proc, inputs, data_format, dates, opened)
-            kinds = [getattr(p, "kind", "raw") for p in procs]
-            if set(kinds) & set(TOKEN_KINDS) and self.spec.token_size:
-                token_grid(ctx.grid, self.spec.token_size)  # refused unless on token edges
-            paths: list[Path | None] = [None] * len(procs)
-            if out_format == "path":
-                named = output_path is not None
-                base = output_path or self.output_dir / f"{request_id}.tif"
-                fmt = self.config.polygon_format
-                paths = list(product_paths(base, kinds, named=named, polygon_format=fmt))
-            for out_proc, path in zip(procs, paths, strict=True):
-                sinks.append(product_sink(self.spec, self.config, out_proc, out_format, path, ctx))
-        except BaseException as exc:
-            for sink in sinks:
-                sink.abort()
-            for src in opened:
-                src.close()
-            if isinstance(exc, BandMismatchError):
-                raise self._with_bands_hint(exc, proc) from exc
-            raise
-        more = tuple(
-            Product(k, p, s) for k, p, s in zip(kinds[1:], procs[1:], sinks[1:], strict=True)
-        )
-        req = kind(
-            request_id,
-            sources,
-            ctx,
-            proc,
-            procs[0],
-            out_format,
-            output_path,
-            sink=sinks[0],
-            reader=self._reader,
-            prefetch_rows=self.config.prefetch_rows,
-            parallel_rows=min(self.config.prefetch_rows, self.read_workers),
-            cut_on=self.device if self.preprocess == "device" else None,
-            stitch_on=self._stitch_device(procs),
-            priority=priority,
-            more_outputs=more,
-            token_size=self.spec.token_size if set(kinds) & set(TOKEN_KINDS) else None,
-        )
-        try:
-            check_request(req, self.config.max_patches, self.max_request_bytes)
-            if paths[0] is not None:
-                warn_if_disk_short(paths[0], req)
-        except BaseException:
-            req.close()
-            raise
-        return req
-
     def _plan(
         self,
         proc: InputProcessor,
@@ -306,115 +322,3 @@ class Admission:
             if hook is not OutputProcessor.prepare_patch:
                 return None
         return self.device
-
-    def prepare_request(
-        self,
-        inputs: ImageInput,
-        *,
-        request_id: str | None = None,
-        output_path: str | Path | None = None,
-        out_format: OutFormat = "path",
-        data_format: DataFormat = "auto",
-        bands: Sequence[int | str] | None = None,
-        output_kind: str | Sequence[str] | None = None,
-        priority: int = 0,
-        dates: DateLike | Sequence[DateLike] | None = None,
-    ) -> Request:
-        """Open and check one request's inputs (headers only, no pixels) without admitting it.
-
-        Safe to call from any thread: it reads the engine's configuration and nothing else.
-        ``bands`` and ``output_kind`` override the model's defaults for this request only
-        (``output_kind``: one kind, or several from the same model pass, see
-        :meth:`Engine.output_processors`).
-        ``dates`` gives the acquisition date of each input (ISO strings, ``date`` or
-        ``datetime`` objects, one per input; ``None`` for one: from its tags or file name),
-        for models that take dates; they win over the inputs' tags and file names.
-
-        Raises:
-            GeoServeError: a subclass naming the file, band or field at fault.
-        """
-        if out_format not in OUT_FORMATS:
-            raise ConfigError(
-                f"invalid out_format {out_format!r}; choose one of {', '.join(OUT_FORMATS)}"
-            )
-        items: list[RasterLike] | dict[str, list[RasterLike]]
-        when: Any
-        if isinstance(inputs, Mapping):
-            items, when = modality_items(inputs, dates)
-        else:
-            items = cast(
-                list[RasterLike], list(inputs) if isinstance(inputs, list | tuple) else [inputs]
-            )
-            when = request_dates(dates, len(items))
-        in_proc = self.in_proc.replace(bands=tuple(bands)) if bands is not None else None
-        out_procs = self.output_processors(output_kind) if output_kind else None
-        path = Path(output_path) if output_path is not None else None
-        rid = request_id or uuid.uuid4().hex[:12]
-        return self._new_request(
-            items,
-            rid,
-            out_format,
-            path,
-            data_format,
-            in_proc,
-            out_procs,
-            priority=priority,
-            dates=when,
-        )
-
-    @property
-    def model_out_proc(self) -> OutputProcessor:
-        """The model's own output processor (its classes and colours), whatever kinds are run."""
-        return self._model_out_proc
-
-    def kinds_offered(self) -> tuple[str, ...]:
-        """Every output kind this model can produce (see :mod:`geoserve.engine.products`)."""
-        return kinds_offered(self.spec, self._model_out_proc)
-
-    def output_processors(self, kinds: str | Sequence[str]) -> tuple[OutputProcessor, ...]:
-        """The model's output processor for each of ``kinds`` (text: comma-separated).
-
-        Raises:
-            ConfigError: an unknown kind, a kind this model cannot produce (naming the ones it
-                can), a kind asked twice, or no kind.
-        """
-        model = getattr(self, "model", None)
-        return output_processors(self.spec, self._model_out_proc, kinds, self.config, model)
-
-    def admit(self, request: Request) -> None:
-        """Queue a prepared request: lower ``priority`` first, then arrival order."""
-        self.scheduler.admit(request)
-
-    def add_request(
-        self,
-        inputs: ImageInput,
-        *,
-        request_id: str | None = None,
-        output_path: str | Path | None = None,
-        out_format: OutFormat = "path",
-        data_format: DataFormat = "auto",
-        priority: int = 0,
-        dates: DateLike | Sequence[DateLike] | None = None,
-    ) -> str:
-        """Admit one request; its patches join the next batches. Returns the request id.
-
-        ``inputs`` is one raster, or a list of rasters as the dates of one place; ``dates``
-        their acquisition dates, as for :meth:`prepare_request`. A request whose input cannot
-        be opened is not raised here: it comes back, failed, from the next :meth:`step`.
-        """
-        rid = request_id or uuid.uuid4().hex[:12]
-        try:
-            req = self.prepare_request(
-                inputs,
-                request_id=rid,
-                output_path=output_path,
-                out_format=out_format,
-                data_format=data_format,
-                priority=priority,
-                dates=dates,
-            )
-        except GeoServeError as exc:
-            self.scheduler.failed.append(ImageRequestOutput(rid, finished=True, error=exc))
-            return rid
-        self.admit(req)
-        return rid

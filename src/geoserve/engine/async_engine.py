@@ -1,7 +1,8 @@
 """An asyncio front over :class:`Engine` for servers: one engine loop in a background thread.
 
-Callers ``await submit(...)``. Opening a request's inputs (header parsing, band checks) runs in
-the engine's own admission threads, under the request's deadline
+Callers ``await submit(spec)`` with a :class:`~geoserve.engine.request_spec.RequestSpec`.
+Opening a request's inputs (header parsing, band checks) runs in the engine's own admission
+threads, under the request's deadline
 (:mod:`geoserve.engine.admission_pool`); reading, normalising, the forward passes, stitching
 and encoding run in the engine thread. The event loop only moves requests and results, so it
 stays responsive under load.
@@ -18,23 +19,23 @@ This module has no web imports; the HTTP layer maps its errors to status codes.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Sequence
-from pathlib import Path
+import uuid
+from collections.abc import Callable
 from typing import Any
 
-from geoserve.engine.admission import ImageInput
 from geoserve.engine.admission_pool import AdmissionPool, reaches_network
-from geoserve.engine.batch import PatchKeys
 from geoserve.engine.core import Engine
 from geoserve.engine.heap import trim_heap
 from geoserve.engine.ledger import MemoryLedger
 from geoserve.engine.limits import check_request
 from geoserve.engine.request import Request
+from geoserve.engine.request_spec import RequestSpec
 from geoserve.errors import (
     GeoServeError,
     PayloadTooLargeError,
@@ -43,9 +44,7 @@ from geoserve.errors import (
     ShuttingDownError,
 )
 from geoserve.raster.budget import OpenBudget
-from geoserve.raster.dates import DateLike
-from geoserve.raster.source import DataFormat
-from geoserve.schemas import ImageRequestOutput, OutFormat, TensorRequestOutput
+from geoserve.schemas import ImageRequestOutput, TensorRequestOutput
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +54,7 @@ IDLE_TRIM_INTERVAL_S = 1.0
 
 
 class AsyncEngine:
-    """Runs an :class:`Engine` in a background thread and serves ``await submit(...)``.
+    """Runs an :class:`Engine` in a background thread and serves ``await submit(spec)``.
 
     Args:
         engine: The engine to drive (owned by this object from now on).
@@ -126,33 +125,25 @@ class AsyncEngine:
 
     async def submit(
         self,
-        inputs: ImageInput,
+        spec: RequestSpec,
         *,
-        request_id: str,
-        out_format: OutFormat = "bytes",
-        output_path: str | Path | None = None,
-        data_format: DataFormat = "auto",
-        bands: Sequence[int | str] | None = None,
-        output_kind: str | Sequence[str] | None = None,
-        priority: int = 0,
         timeout: float | None = None,
         deadline: float | None = None,
-        dates: DateLike | Sequence[DateLike] | None = None,
-        patch_keys: PatchKeys | None = None,
         budget: OpenBudget | None = None,
         held: str | None = None,
     ) -> ImageRequestOutput:
         """Run one request and return its output (a failure in the engine is in ``.error``).
 
+        ``spec`` is the request (a spec without ``request_id`` is given one); its
+        ``patch_keys`` name its patches in a
+        :class:`~geoserve.engine.patch_cache.PatchCache` (patches found there do not run).
         Admission errors are raised: :class:`QueueFullError`, :class:`PayloadTooLargeError`,
         and the input errors of :meth:`Engine.prepare_request`.
 
         Cancelling the awaiting task (a client that disconnected) drops the request's queued
         patches. A request past ``timeout`` seconds is dropped and raises
         :class:`RequestTimeoutError`; ``deadline`` (``time.monotonic()``) is the same for a
-        request that already spent part of its ``timeout`` (fetching its inputs). ``dates``
-        as for :meth:`Engine.prepare_request`. ``patch_keys`` names the request's patches in a
-        :class:`~geoserve.engine.patch_cache.PatchCache` (patches found there do not run).
+        request that already spent part of its ``timeout`` (fetching its inputs).
 
         The one deadline covers opening the inputs too (in the engine's admission threads);
         ``budget`` is the request's :class:`~geoserve.raster.budget.OpenBudget` (remote
@@ -160,6 +151,10 @@ class AsyncEngine:
         ``max_pixels`` is this engine's unless set. ``held``: the key under which the server
         holds this request's body (:attr:`memory`); once admitted, its estimate replaces it.
         """
+        if not isinstance(spec, RequestSpec):
+            raise TypeError(f"submit takes a RequestSpec, not {type(spec).__name__}")
+        request_id = spec.request_id or uuid.uuid4().hex[:12]
+        spec = dataclasses.replace(spec, request_id=request_id)
         start = time.monotonic()
         if deadline is not None:
             deadline = min(deadline, start + timeout) if timeout is not None else deadline
@@ -180,24 +175,12 @@ class AsyncEngine:
                 f"queue full ({self.max_queued_patches} patches pending); retry later"
             )
         req = await self._admission.run(
-            functools.partial(
-                self.engine.prepare_request,
-                inputs,
-                request_id=request_id,
-                output_path=output_path,
-                out_format=out_format,
-                data_format=data_format,
-                bands=bands,
-                output_kind=output_kind,
-                priority=priority,
-                dates=dates,
-            ),
-            remote=reaches_network(inputs),
+            functools.partial(self.engine.prepare_request, spec),
+            remote=reaches_network(spec.inputs),
             budget=budget,
             timeout=_left(deadline),
             late=late,
         )
-        req.patch_keys = patch_keys
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Any] = loop.create_future()
         try:

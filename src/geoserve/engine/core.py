@@ -2,9 +2,10 @@
 
 :class:`Engine` holds the public API and composes four parts, one job each:
 
-- admission (:mod:`geoserve.engine.admission`, a base class of ``Engine``): a request's
-  inputs opened and checked, its :class:`Request` built with a sink per output kind
-  (:mod:`geoserve.engine.products`), size guards applied;
+- the :class:`~geoserve.engine.admission.Admission`: a request's
+  :class:`~geoserve.engine.request_spec.RequestSpec` checked, its inputs opened, its
+  :class:`Request` built with a sink per output kind (:mod:`geoserve.engine.products`), size
+  guards applied;
 - the :class:`~geoserve.engine.scheduler.Scheduler`: the pending requests, and which of their
   patches go into the next batch (rows read ahead on the reader pool);
 - the :class:`~geoserve.engine.runner.ModelRunner`: the forward pass over a batch;
@@ -23,49 +24,47 @@ from __future__ import annotations
 import logging
 import uuid
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from functools import partial
 from pathlib import Path
-from typing import Any, cast, overload
+from typing import TYPE_CHECKING, Any, cast, overload
 
 import torch
 
 from geoserve.config import EngineConfig
-from geoserve.engine.admission import Admission, ImageInput
-from geoserve.engine.batch import Patch
-from geoserve.engine.cpu_inference import check_cpu_options, quantize_model
-from geoserve.engine.limits import (
-    MB,
-    default_max_memory,
+from geoserve.engine.admission import Admission
+from geoserve.engine.limits import MB, default_max_memory
+from geoserve.engine.model_loader import (
+    check_compile_backend,
+    check_device,
+    compiled,
+    load_module,
+    resolve_model,
 )
-from geoserve.engine.model_loader import build_model, resolve_model
 from geoserve.engine.output import OutputStage
 from geoserve.engine.patch_cache import remember_all, split_cached
+from geoserve.engine.products import kinds_offered, output_processors
+from geoserve.engine.request import Request
+from geoserve.engine.request_spec import ImageInput, RequestSpec
 from geoserve.engine.runner import ModelRunner
 from geoserve.engine.runner import resolve_dtype as _resolve_dtype
 from geoserve.engine.scheduler import Scheduler
-from geoserve.engine.tensor_request import TensorRequest, tensor_patcher
-from geoserve.errors import (
-    ConfigError,
-    GeoServeError,
-    NotGeoreferencedWarning,
-)
-from geoserve.processors.base import InputProcessor, OutputProcessor
+from geoserve.engine.tensor_request import tensor_procs
+from geoserve.errors import ConfigError, GeoServeError, NotGeoreferencedWarning
+from geoserve.processors.base import OutputProcessor
 from geoserve.processors.embeddings import check_token_tiling
-from geoserve.raster.dates import DateLike, dates_per_item
+from geoserve.raster.dates import dates_per_item
 from geoserve.raster.gdal_setup import default_read_workers, limit_gdal_cache
 from geoserve.raster.grid import BlendMode, PatchGrid
 from geoserve.raster.sinks import planned_paths
-from geoserve.raster.source import DataFormat, RasterArray, RasterLike
+from geoserve.raster.source import DataFormat, RasterLike
 from geoserve.registry import ModelSpec
-from geoserve.schemas import (
-    TOKEN_KINDS,
-    VECTOR_KINDS,
-    ImageRequestOutput,
-    OutFormat,
-    TensorRequestOutput,
-)
+from geoserve.schemas import TOKEN_KINDS, ImageRequestOutput, OutFormat, TensorRequestOutput
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+    from geoserve.engine.request_spec import ImageOptions
 
 logger = logging.getLogger(__name__)
 
@@ -75,7 +74,7 @@ COMMIT_WAIT_S = 0.05
 RequestOutput = ImageRequestOutput | TensorRequestOutput
 
 
-class Engine(Admission):
+class Engine:
     """Serves one model: GeoTIFFs (or tensors) in, GeoTIFFs (or tensors) out.
 
     Args:
@@ -98,10 +97,9 @@ class Engine(Admission):
         self, model: str | ModelSpec, config: EngineConfig | None = None, **overrides: Any
     ) -> None:
         self.config = cfg = EngineConfig.build(config, **overrides)
-        self.device = _check_device(cfg.device)
-        if cfg.compile and cfg.compile_backend not in torch.compiler.list_backends(exclude_tags=()):
-            known = ", ".join(torch.compiler.list_backends(exclude_tags=()))
-            raise ConfigError(f"compile_backend: unknown {cfg.compile_backend!r}; known: {known}")
+        self.device = check_device(cfg.device)
+        if cfg.compile:
+            check_compile_backend(cfg.compile_backend)
         self.max_request_bytes = (
             default_max_memory() if cfg.max_request_mb is None else int(cfg.max_request_mb * MB)
         )
@@ -119,23 +117,13 @@ class Engine(Admission):
         except ConfigError as exc:
             raise ConfigError(f"model {self.spec.name!r}: {exc}") from exc
         self.out_proc = self._model_out_proc = out_proc
-        self.out_procs = (out_proc,)
+        self.out_procs: tuple[OutputProcessor, ...] = (out_proc,)
         if cfg.output_kind:
             self.out_procs = self.output_processors(cfg.output_kind)
             self.out_proc = self.out_procs[0]
         self.dtype = _resolve_dtype(cfg.dtype)
-        check_cpu_options(
-            self.device,
-            self.dtype,
-            cfg.quantize,
-            model=self.spec.name,
-            validated=self.spec.validated,
-        )
-        self._output_dir = cfg.output_dir
         limit_gdal_cache()
-        self.model = build_model(self.spec, cfg.weights, self.device)
-        if cfg.quantize is not None:  # after the weights, before compiling and warm-up
-            self.model = quantize_model(self.model, cfg.quantize, self.spec.name)
+        self.model = load_module(self.spec, cfg, self.device, self.dtype)
         self.output_processors([p.kind for p in self.out_procs])  # (the model checked too)
         if self.spec.token_size and any(p.kind in TOKEN_KINDS for p in self.out_procs):
             size, blend = self.in_proc.patch_size, cast(BlendMode, self.in_proc.blend)
@@ -144,10 +132,7 @@ class Engine(Admission):
         self.compiled = cfg.compile
         eager = self.model
         if cfg.compile:  # static shapes: batches are padded to one size (runner.start_up)
-            self.model = cast(
-                torch.nn.Module,
-                torch.compile(self.model, backend=cfg.compile_backend, dynamic=False),
-            )
+            self.model = compiled(self.model, cfg.compile_backend)
         self.runner = ModelRunner(
             self.model,
             self.spec.name,
@@ -172,9 +157,24 @@ class Engine(Admission):
             else None
         )
         self.scheduler = Scheduler()
+        self.admission = Admission(
+            spec=self.spec,
+            config=cfg,
+            in_proc=self.in_proc,
+            out_procs=self.out_procs,
+            tensor_procs=tensor_procs(self.out_proc, self._model_out_proc),
+            output_processors=self.output_processors,
+            device=self.device,
+            preprocess=preprocess,
+            read_workers=self.read_workers,
+            max_request_bytes=self.max_request_bytes,
+            reader=self._reader,
+            output_dir=cfg.output_dir,
+        )
         self.output = OutputStage(fail=self.scheduler.fail)
         if cfg.warmup or auto_batch:
-            probe = self._dummy_patch()
+            tokens = any(p.kind in TOKEN_KINDS for p in self.out_procs)  # warm them up too
+            probe = self.admission.warmup_patch(tokens)
             self.runner.start_up(probe, self.in_proc, self.out_proc, auto_batch=auto_batch)
 
     # -- set-up ------------------------------------------------------------------------------
@@ -188,29 +188,34 @@ class Engine(Admission):
     def max_batch_patches(self, n: int) -> None:
         self.runner.max_batch_patches = n
 
-    def _dummy_patch(self) -> Patch:
-        """One patch of the input processor's dummy input (for warm-up)."""
-        dummy = self.in_proc.dummy_request(seed=0)
-        req = self._new_request(dummy, "warmup", "tensor", None, out_procs=self._tensor_procs())
-        if any(p.kind in TOKEN_KINDS for p in self.out_procs):  # warm up the tokens too
-            req.token_size = self.spec.token_size
-        patch = req.pop_patch()
-        req.close()
-        assert patch is not None  # dummy inputs have no nodata
-        return patch
+    @property
+    def output_dir(self) -> Path:
+        """Directory for outputs without an explicit path (a temporary one by default)."""
+        return self.admission.default_dir()
 
-    def _tensor_procs(self) -> list[OutputProcessor]:
-        """The output processor of tensor requests (warm-up, :meth:`transform`).
+    @property
+    def model_out_proc(self) -> OutputProcessor:
+        """The model's own output processor (its classes and colours), whatever kinds are run."""
+        return self._model_out_proc
 
-        One kind, a raster one: its values are not used, only its hooks.
+    def kinds_offered(self) -> tuple[str, ...]:
+        """Every output kind this model can produce (see :mod:`geoserve.engine.products`)."""
+        return kinds_offered(self.spec, self._model_out_proc)
+
+    def output_processors(self, kinds: str | Sequence[str]) -> tuple[OutputProcessor, ...]:
+        """The model's output processor for each of ``kinds`` (text: comma-separated).
+
+        Raises:
+            ConfigError: an unknown kind, a kind this model cannot produce (naming the ones it
+                can), a kind asked twice, or no kind.
         """
-        if getattr(self.out_proc, "kind", None) in (*VECTOR_KINDS, *TOKEN_KINDS):
-            return [self._model_out_proc]
-        return [self.out_proc]
+        model = getattr(self, "model", None)
+        return output_processors(self.spec, self._model_out_proc, kinds, self.config, model)
 
     def close(self) -> None:
         """Drop pending requests, release their inputs and stop the reader and writer threads."""
         self.scheduler.close()
+        self.admission.close()
         if self._reader is not None:
             self._reader.shutdown(wait=True)
             self._reader = None
@@ -221,6 +226,45 @@ class Engine(Admission):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    # -- admission ---------------------------------------------------------------------------
+
+    def prepare_request(self, spec: RequestSpec) -> Request:
+        """Check ``spec`` and open its inputs (headers only, no pixels) without admitting it.
+
+        Safe to call from any thread: it reads the engine's configuration and nothing else.
+        The spec's ``bands`` and ``output_kind`` override the engine's for this request only
+        (several kinds come from the same model pass, see :meth:`output_processors`); its
+        ``dates`` win over the inputs' tags and file names.
+
+        Raises:
+            GeoServeError: a subclass naming the file, band or field at fault.
+        """
+        return self.admission.prepare(spec)
+
+    def admit(self, request: Request) -> None:
+        """Queue a prepared request: lower ``priority`` first, then arrival order."""
+        self.scheduler.admit(request)
+
+    def add_request(self, request: ImageInput | RequestSpec, **fields: Any) -> str:
+        """Admit one request; its patches join the next batches. Returns the request id.
+
+        ``request`` is a :class:`RequestSpec`, or its inputs (one raster, a list of rasters as
+        the dates of one place, or a dict of modalities); ``fields`` are the spec's other
+        fields (``output_path=``, ``dates=``, ``bands=``, ``output_kind=``, ``priority=``...).
+        A request that cannot be admitted is not raised here: it comes back, failed, from the
+        next :meth:`step`.
+        """
+        spec = RequestSpec.of(request, **fields)
+        rid = spec.request_id or uuid.uuid4().hex[:12]
+        spec = RequestSpec.of(spec, request_id=rid)
+        try:
+            req = self.prepare_request(spec)
+        except GeoServeError as exc:
+            self.scheduler.failed.append(ImageRequestOutput(rid, finished=True, error=exc))
+            return rid
+        self.admit(req)
+        return rid
 
     # -- pending requests --------------------------------------------------------------------
 
@@ -291,10 +335,7 @@ class Engine(Admission):
             results = self.step()
             done += sum(r.num_patches for r in results)
             if progress is not None:  # (before the step's results: a caller reports them)
-                active = self.scheduler.active
-                total = sum(r.num_patches for r in active) + done
-                stitched = done + sum(r.num_patches - len(r.queue) - r.in_flight for r in active)
-                progress(stitched, total)
+                progress(*self.scheduler.progress(done))
             yield from results
 
     @overload
@@ -302,34 +343,31 @@ class Engine(Admission):
         self,
         x_or_list: list[ImageInput],
         *,
-        output_path: str | Path | None = None,
-        out_format: OutFormat = "path",
-        data_format: DataFormat = "auto",
         progress: ProgressCallback | None = None,
-        dates: Sequence[Any] | None = None,
+        **options: Unpack[ImageOptions],
     ) -> list[ImageRequestOutput]: ...
 
     @overload
     def generate_image(
         self,
-        x_or_list: RasterLike,
+        x_or_list: RasterLike | Mapping[str, Any],
         *,
-        output_path: str | Path | None = None,
-        out_format: OutFormat = "path",
-        data_format: DataFormat = "auto",
         progress: ProgressCallback | None = None,
-        dates: DateLike | Sequence[DateLike] | None = None,
+        **options: Unpack[ImageOptions],
     ) -> ImageRequestOutput: ...
 
     def generate_image(
         self,
-        x_or_list: RasterLike | list[ImageInput],
+        x_or_list: ImageInput | list[ImageInput],
         *,
         output_path: str | Path | None = None,
         out_format: OutFormat = "path",
         data_format: DataFormat = "auto",
         progress: ProgressCallback | None = None,
         dates: Any = None,
+        bands: Sequence[int | str] | None = None,
+        output_kind: str | Sequence[str] | None = None,
+        priority: int = 0,
     ) -> ImageRequestOutput | list[ImageRequestOutput]:
         """Run one input, or a list of inputs, to completion.
 
@@ -338,13 +376,11 @@ class Engine(Admission):
         ``error`` and do not affect the others. A list item that is itself a list holds the
         dates of one place. For a list, ``output_path`` is a directory.
 
-        With several output kinds (``output_kind=["classes", "confidence"]``) each request
-        writes one file per kind: a single input's ``output_path`` is their stem
-        (``out/scene`` gives ``out/scene_classes.tif``, ``out/scene_confidence.tif``) unless
-        it is a directory (or ends with ``/``, created if missing), which like a list's holds
-        ``<input stem>_<kind>.tif`` (polygons: ``.gpkg``, or ``polygon_format``'s suffix; patch
-        embeddings: ``.parquet``); every kind's output is in
-        the result's ``outputs_by_kind`` (docs/outputs.md).
+        ``bands``, ``output_kind`` and ``priority`` are every request's (the
+        :class:`RequestSpec` fields): bands and kinds instead of the engine's. With several
+        output kinds each request writes one file per kind (``out/scene`` gives
+        ``out/scene_classes.tif``, ...; a directory holds ``<input stem>_<kind>.tif``: see
+        :meth:`output_paths` and docs/outputs.md), each in the result's ``outputs_by_kind``.
 
         A dict is one request of several modalities, each on its own grid:
         ``{"s2": "s2.tif", "s1": "s1.tif"}`` (each value one input, a list of its dates, or
@@ -364,16 +400,21 @@ class Engine(Admission):
         """
         single = not isinstance(x_or_list, list)
         items = cast(list[ImageInput], [x_or_list] if single else list(x_or_list))  # type: ignore[arg-type]
-        paths: list[Path | None] = (
-            [None] * len(items)
-            if out_format != "path" or output_path is None
-            else list(self.output_paths(items, output_path, single=single))
+        asked = RequestSpec(  # each item's request: its inputs, output path and dates
+            (),
+            out_format=out_format,
+            data_format=data_format,
+            bands=bands,
+            output_kind=output_kind,
+            priority=priority,
         )
+        paths: list[Path | None] = [None] * len(items)
+        if out_format == "path" and output_path is not None:
+            kinds = asked.kinds
+            paths = list(self.output_paths(items, output_path, single=single, kinds=kinds))
         per_item = [dates] if single else dates_per_item(items, dates)
         ids = [
-            self.add_request(
-                item, output_path=path, out_format=out_format, data_format=data_format, dates=when
-            )
+            self.add_request(RequestSpec.of(asked, inputs=item, output_path=path, dates=when))
             for item, path, when in zip(items, paths, per_item, strict=False)
         ]
         results = {r.request_id: r for r in self.run_until_done(progress)}
@@ -383,14 +424,21 @@ class Engine(Admission):
         return outputs
 
     def output_paths(
-        self, items: Sequence[ImageInput], output_path: str | Path, *, single: bool
+        self,
+        items: Sequence[ImageInput],
+        output_path: str | Path,
+        *,
+        single: bool,
+        kinds: Sequence[str] | None = None,
     ) -> list[Path]:
         """Where the outputs of ``items`` go (``out_format="path"``): see :func:`planned_paths`.
+
+        ``kinds``: the output kinds the requests make (default: the engine's).
 
         Raises:
             ConfigError: a directory for them cannot be created (naming it).
         """
-        kinds = [getattr(p, "kind", "raw") for p in self.out_procs]
+        kinds = kinds or [getattr(p, "kind", "raw") for p in self.out_procs]
         return planned_paths(items, output_path, kinds, self.config.polygon_format, single)
 
     def transform(self, tensors: Sequence[torch.Tensor]) -> list[TensorRequestOutput]:
@@ -399,47 +447,15 @@ class Engine(Admission):
         Each tensor is (C, H, W) or (C, T, H, W) of any size; it is tiled with this engine's
         patch grid and the blended raw model output (C_out, H, W) comes back in ``.tensors``.
         """
-        proc = tensor_patcher(self.in_proc)
         ids = []
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", NotGeoreferencedWarning)
             for i, t in enumerate(tensors):
-                ids.append(self._add_tensor(i, t, proc))
+                rid = uuid.uuid4().hex[:12]
+                try:
+                    self.admit(self.admission.tensor_request(i, t, rid))
+                except GeoServeError as exc:
+                    self.scheduler.failed.append(TensorRequestOutput(rid, True, None, exc))
+                ids.append(rid)
         results = {r.request_id: r for r in self.run_until_done()}
         return [cast(TensorRequestOutput, results[i]) for i in ids]
-
-    def _add_tensor(self, i: int, t: torch.Tensor, proc: InputProcessor) -> str:
-        rid = uuid.uuid4().hex[:12]
-        arr = t.detach().cpu().float().numpy()
-        if arr.ndim not in (3, 4):
-            shape = tuple(arr.shape)
-            err = ConfigError(f"tensor {i} has shape {shape}; expected (C, H, W) or (C, T, H, W)")
-            self.scheduler.failed.append(TensorRequestOutput(rid, True, None, err))
-            return rid
-        flat = RasterArray(arr.reshape(-1, *arr.shape[-2:]), name=f"<tensor {i}>")
-        kind = partial(TensorRequest, tensor_shape=tuple(arr.shape[:-2]))
-        try:
-            req = self._new_request(
-                [flat], rid, "tensor", None, in_proc=proc, out_procs=self._tensor_procs(), kind=kind
-            )
-        except GeoServeError as exc:
-            self.scheduler.failed.append(TensorRequestOutput(rid, True, None, exc))
-            return rid
-        self.admit(req)
-        return rid
-
-
-def _check_device(name: str) -> torch.device:
-    """The torch device ``name``, refused at once when this machine does not have it."""
-    try:
-        device = torch.device(name)
-    except (RuntimeError, ValueError) as exc:
-        raise ConfigError(f"device: {exc} (got {name!r})") from None
-    if device.type == "cuda":
-        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if (device.index or 0) >= count:
-            have = f"{count} CUDA device(s)" if count else "no usable CUDA device"
-            raise ConfigError(f"device: {name!r} requested, but this machine has {have}")
-    elif device.type == "mps" and not torch.backends.mps.is_available():
-        raise ConfigError(f"device: {name!r} requested, but MPS is not available here")
-    return device

@@ -11,11 +11,13 @@ the model and the keys that do not match). Weights given as a Hub reference
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
-from geoserve.errors import ProcessorMismatchError, WeightsError
+from geoserve.config import EngineConfig
+from geoserve.engine.cpu_inference import check_cpu_options, quantize_model
+from geoserve.errors import ConfigError, ProcessorMismatchError, WeightsError
 from geoserve.models.hub import resolve_weights
 from geoserve.models.state_dict import load_weights
 from geoserve.plugins import load_plugins
@@ -84,3 +86,53 @@ def build_model(
     if weights is not None and not spec.loads_weights:
         load_weights(module, weights, spec.name)
     return module.to(device).eval()
+
+
+def load_module(
+    spec: ModelSpec, config: EngineConfig, device: torch.device, dtype: torch.dtype | None
+) -> torch.nn.Module:
+    """``spec``'s module as ``config`` runs it, before compiling.
+
+    The CPU options are checked, the module built with its weights (:func:`build_model`), and
+    quantized when asked (after the weights, before compiling).
+
+    Raises:
+        ConfigError, WeightsError, ProcessorMismatchError: as :func:`build_model`, and for
+            CPU options this machine or model cannot take.
+    """
+    q = config.quantize
+    check_cpu_options(device, dtype, q, model=spec.name, validated=spec.validated)
+    module = build_model(spec, config.weights, device)
+    return module if q is None else quantize_model(module, q, spec.name)
+
+
+def compiled(module: torch.nn.Module, backend: str) -> torch.nn.Module:
+    """``module`` under ``torch.compile`` with static shapes (batches are padded to one size)."""
+    return cast(torch.nn.Module, torch.compile(module, backend=backend, dynamic=False))
+
+
+def check_device(name: str) -> torch.device:
+    """The torch device ``name``, refused at once when this machine does not have it."""
+    try:
+        device = torch.device(name)
+    except (RuntimeError, ValueError) as exc:
+        raise ConfigError(f"device: {exc} (got {name!r})") from None
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if (device.index or 0) >= count:
+            have = f"{count} CUDA device(s)" if count else "no usable CUDA device"
+            raise ConfigError(f"device: {name!r} requested, but this machine has {have}")
+    elif device.type == "mps" and not torch.backends.mps.is_available():
+        raise ConfigError(f"device: {name!r} requested, but MPS is not available here")
+    return device
+
+
+def check_compile_backend(backend: str) -> None:
+    """Refuse a ``torch.compile`` backend this installation does not have (naming those it has).
+
+    Raises:
+        ConfigError: naming the backend and the known ones.
+    """
+    known = torch.compiler.list_backends(exclude_tags=())
+    if backend not in known:
+        raise ConfigError(f"compile_backend: unknown {backend!r}; known: {', '.join(known)}")

@@ -187,3 +187,13 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         """Whether any request is pending, failed but not yet handed out, or being released."""
         return bool(self.active or self.failed or self.releasing)
+
+    def progress(self, finished: int) -> tuple[int, int]:
+        """(patches stitched, patches in all), counting ``finished`` patches already done.
+
+        The pending requests' patches and those of requests finished before (``finished``).
+        """
+        active = self.active
+        total = sum(r.num_patches for r in active) + finished
+        stitched = sum(r.num_patches - len(r.queue) - r.in_flight for r in active)
+        return finished + stitched, total

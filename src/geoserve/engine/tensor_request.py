@@ -7,16 +7,23 @@ that no output processor runs (:meth:`TensorRequest.to_raster`) and its result.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
+from typing import TYPE_CHECKING
 
 from geoserve.engine.canvas import RowBand
 from geoserve.engine.request import Request
-from geoserve.errors import GeoServeError
-from geoserve.processors.base import InputProcessor, ModelInput
+from geoserve.engine.request_spec import RequestSpec
+from geoserve.errors import ConfigError, GeoServeError
+from geoserve.processors.base import InputProcessor, ModelInput, OutputProcessor
 from geoserve.processors.patcher import GeoTiffPatcher
+from geoserve.raster.input_values import RasterArray
 from geoserve.raster.write import OutputRaster
-from geoserve.schemas import ImageOutput, TensorRequestOutput
+from geoserve.schemas import TOKEN_KINDS, VECTOR_KINDS, ImageOutput, TensorRequestOutput
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass
@@ -72,3 +79,35 @@ def tensor_patcher(proc: InputProcessor) -> GeoTiffPatcher:
         stride=proc.stride,
         blend=proc.blend,  # type: ignore[arg-type]
     )
+
+
+def tensor_procs(
+    out_proc: OutputProcessor, model_out_proc: OutputProcessor
+) -> tuple[OutputProcessor, ...]:
+    """The output processor of tensor requests (warm-up, :meth:`Engine.transform`).
+
+    One kind, a raster one (``out_proc``, else the model's own): its values are not used,
+    only its hooks.
+    """
+    if getattr(out_proc, "kind", None) in (*VECTOR_KINDS, *TOKEN_KINDS):
+        return (model_out_proc,)
+    return (out_proc,)
+
+
+def tensor_spec(
+    i: int, tensor: torch.Tensor, request_id: str
+) -> tuple[RequestSpec, Callable[..., Request]]:
+    """Tensor ``i`` of :meth:`Engine.transform` as a normalised spec and its request's type.
+
+    Its (C, T) axes are read as one raster of C x T bands.
+
+    Raises:
+        ConfigError: the tensor is not (C, H, W) or (C, T, H, W).
+    """
+    arr = tensor.detach().cpu().float().numpy()
+    if arr.ndim not in (3, 4):
+        shape = tuple(arr.shape)
+        raise ConfigError(f"tensor {i} has shape {shape}; expected (C, H, W) or (C, T, H, W)")
+    flat = RasterArray(arr.reshape(-1, *arr.shape[-2:]), name=f"<tensor {i}>")
+    spec = RequestSpec([flat], request_id, out_format="tensor")
+    return spec.normalised(), partial(TensorRequest, tensor_shape=tuple(arr.shape[:-2]))

@@ -94,6 +94,7 @@ def model_card() -> dict[str, Any]:
     token_size=16,
     validated=("int8",),  # the model card's int8 figures (tests/models/test_demo.py)
     input_description=f"{S2_L1C_STACK}, 10 m, top-of-atmosphere reflectance x 10000",
+    bundled_weights=weights_path(),
 )
 @INPUT_REGISTRY.register_input_processor(
     GeoTiffPatcher(

@@ -92,6 +92,12 @@ class SegmentationReassembler(OutputProcessor):
         """Every kind a segmentation model's logits can become."""
         return SEGMENTATION_KINDS
 
+    @property
+    def class_colors(self) -> tuple[tuple[int, int, int], ...]:
+        """Each class's RGB colour in its map's colour table (the palette's if none given)."""
+        n = len(self.classes)
+        return self.colors or tuple(PALETTE[i % len(PALETTE)] for i in range(n))
+
     def for_kind(self, kind: str) -> SegmentationReassembler:
         """Same classes, another output kind."""
         _check_kind(kind, SEGMENTATION_KINDS, "a segmentation model")
@@ -135,8 +141,11 @@ class SegmentationReassembler(OutputProcessor):
             nonfinite = _count_nonfinite(out[0], nodata, valid)
             if valid is not None:
                 out[0, ~valid] = nodata
-            colors = self.colors or tuple(PALETTE[i % len(PALETTE)] for i in range(n))
-            cmap = {i: (*c, 255) for i, c in enumerate(colors)} if dtype == np.uint8 else None
+            cmap = (
+                {i: (*c, 255) for i, c in enumerate(self.class_colors)}
+                if dtype == np.uint8
+                else None
+            )
             if cmap is not None:
                 cmap[nodata] = (0, 0, 0, 0)
             # nodata declared always: a model's NaN writes it even where the input has none

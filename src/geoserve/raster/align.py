@@ -141,6 +141,11 @@ class StackedSource(RasterSource):
             out[[pos for pos, _ in pairs]] = data
         return out
 
+    @property
+    def block_rows(self) -> int:
+        """The largest block height of the inputs."""
+        return max(part.block_rows for part in self.parts)
+
     def _by_part(self, bands: Sequence[int]) -> dict[int, list[int]]:
         grouped: dict[int, list[int]] = {}
         for band in bands:

@@ -8,6 +8,10 @@ image copies only the rows still needed to the buffer's top, never the whole cac
 array is allocated per read. GDAL decodes the blocks of one band on ``threads`` threads (its
 ``NUM_THREADS`` open option).
 
+Other readers (pictures, map tiles) read windows at any size with GDAL's own windowed read
+(:meth:`DatasetSource.read`, from an overview where the file has one), and the warper alone
+takes the dataset itself (:meth:`DatasetSource.gdal_dataset`).
+
 Bytes go through rasterio's ``MemoryFile``; no temporary files.
 """
 
@@ -16,18 +20,22 @@ from __future__ import annotations
 import dataclasses
 import warnings
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import numpy as np
 import rasterio
 import rasterio.errors
 from numpy.typing import NDArray
-from rasterio.errors import RasterioError
+from rasterio._err import CPLE_BaseError
+from rasterio.enums import Resampling
+from rasterio.errors import NotGeoreferencedWarning, RasterioError
 from rasterio.io import MemoryFile
 from rasterio.windows import Window
 
 from geoserve.errors import InputError, InputFormatError, RasterReadError
+from geoserve.raster.budget import remote_env
 from geoserve.raster.source import (
     RasterInfo,
     RasterSource,
@@ -45,6 +53,7 @@ from geoserve.raster.trust import (
     read_head,
     refuse_other_formats,
 )
+from geoserve.raster.window_read import WindowRead, dataset_mask
 
 #: Fewest rows the row buffer decodes at once (whole block rows: a strip-per-row file is still
 #: decoded in bands of rows, and a row of patches spans one or two chunks).
@@ -64,11 +73,20 @@ class DatasetSource(RasterSource):
         self,
         name: str,
         path: str | None = None,
-        data: bytes | None = None,
+        data: bytes | MemoryFile | None = None,
         threads: int = 1,
         formats: Sequence[str] = DEFAULT_INPUT_FORMATS,
+        overview_level: int | None = None,
     ) -> None:
+        """Open ``path`` or ``data`` (bytes, or a ``MemoryFile`` read but not owned).
+
+        ``overview_level``: open that 0-based overview of the file instead, as a raster of its
+        own (:meth:`overview`).
+        """
         self._memfile: MemoryFile | None = None
+        self._owns_memfile = not isinstance(data, MemoryFile)
+        self._path, self._threads, self._formats = path, threads, tuple(formats)
+        self._restricted = False
         # the rolling row buffer: decoded chunks of whole block rows of the bands
         # _cache_bands, (first row, rows, array) in row order; chunks the reader has moved past
         # go to _spare, and GDAL decodes the next chunks into them
@@ -79,7 +97,11 @@ class DatasetSource(RasterSource):
         self._offset = (0, 0)  # of a window (restrict): its first column and row
         apply_http_defaults()
         options: dict[str, Any] = {"NUM_THREADS": str(threads)} if threads > 1 else {}
-        if data is not None:
+        if overview_level is not None:
+            options["OVERVIEW_LEVEL"] = str(overview_level)
+        if isinstance(data, MemoryFile):
+            self._memfile = data
+        elif data is not None:
             self._memfile = MemoryFile(data)
         try:
             with warnings.catch_warnings(), input_env():  # geoserve warns itself, naming it
@@ -89,7 +111,8 @@ class DatasetSource(RasterSource):
             internal = self._memfile.name if self._memfile is not None else None
             self.close()
             local = data is None and path is not None and not path.startswith("/vsi")
-            head = read_head(path) if local and path else (data or b"")[:4096]
+            raw = data if isinstance(data, bytes) else b""  # (a shared MemoryFile: checked)
+            head = read_head(path) if local and path else raw[:4096]
             refuse_other_formats(name, head, formats)
             fmt, what = detect_format(head)
             why = what if fmt in NOT_RASTER else _without(str(exc), internal)
@@ -112,7 +135,8 @@ class DatasetSource(RasterSource):
             units=tuple(u or None for u in ds.units),
             profile=dict(ds.profile),
             block_bytes=_block_bytes(ds),
-            held_bytes=len(data) if data is not None else 0,
+            held_bytes=len(data) if isinstance(data, bytes) else 0,
+            colormap=_colormap(ds),
         )
         try:
             check_dtype(name, self.info.dtype)
@@ -139,9 +163,73 @@ class DatasetSource(RasterSource):
         raise AssertionError("no drivers")  # check_formats refuses an empty list
 
     @property
-    def dataset(self) -> Any:
-        """The open rasterio dataset (for GDAL operations on it, such as warping)."""
-        return self._ds
+    def block_rows(self) -> int:
+        """The file's block height (a tile's, or a strip's rows)."""
+        return self._block_rows
+
+    @contextmanager
+    def gdal_dataset(self) -> Iterator[Any]:
+        """The file's own rasterio dataset, opened through the trust rules (for the warper).
+
+        It stays open as long as the source (leaving the context closes nothing). A window of
+        a file (:meth:`restrict`) hands the whole file: the warper places its pixels by their
+        georeferencing.
+        """
+        yield self._ds
+
+    def overview(self, rows: int, cols: int) -> RasterSource | None:
+        """The smallest of the file's overviews still at least ``rows`` x ``cols``, if any.
+
+        Opened as the file was (the same bytes, path or URL, drivers and trust rules; bytes
+        are never reopened by their in-memory name), as a source of its own for the caller to
+        close. None for a window of a file (:meth:`restrict`), or when no overview is as large.
+        """
+        if self._restricted:
+            return None
+        ds, level = self._ds, None
+        for i, factor in enumerate(ds.overviews(1)):
+            if -(-ds.height // factor) >= rows and -(-ds.width // factor) >= cols:
+                level = i
+        if level is None:
+            return None
+        kw: dict[str, Any] = {"threads": self._threads, "formats": self._formats}
+        name = f"{self.info.name} (overview {level + 1})"
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", NotGeoreferencedWarning)  # (warned for the file)
+            if self._memfile is not None:
+                return DatasetSource(name, data=self._memfile, overview_level=level, **kw)
+            path = self._path or ""
+            remote = path.startswith("/vsicurl/")  # (charged to the request's budget)
+            with remote_env(path.removeprefix("/vsicurl/")) if remote else nullcontext():
+                return DatasetSource(name, path=path, overview_level=level, **kw)
+
+    def _read_window(self, req: WindowRead) -> NDArray[Any]:
+        """See :meth:`RasterSource.read`: GDAL's own windowed read.
+
+        ``out_shape`` and ``resampling`` as GDAL takes them: from an overview where the file
+        has one.
+        """
+        col, row = self._offset
+        window = Window(col + req.col, row + req.row, req.width, req.height)
+        indexes = [b + 1 for b in req.bands]
+        shape = None if req.full else (len(indexes), *req.out_shape)
+        try:
+            with input_env():
+                data: NDArray[Any] = self._ds.read(
+                    indexes,
+                    window=window,
+                    out_shape=shape,
+                    resampling=Resampling[req.resampling],
+                )
+                if not req.masked:
+                    return data
+                mask = dataset_mask(self._ds, indexes, data, window, req)
+        except (RasterioError, CPLE_BaseError) as exc:
+            raise RasterReadError(
+                f"{self.info.name}: cannot read window {req.window} ({exc}); "
+                "the file may be truncated or corrupt"
+            ) from exc
+        return np.ma.MaskedArray(data, mask=mask)
 
     def read_rows(self, row_start: int, row_stop: int, bands: Sequence[int]) -> NDArray[Any]:
         """See :meth:`RasterSource.read_rows`; rows come from the rolling row buffer.
@@ -214,6 +302,7 @@ class DatasetSource(RasterSource):
         ):
             raise InputError(f"{name}: window {window} is not inside {self.info.name}")
         self._offset = (col, row)
+        self._restricted = True
         transform = ds.window_transform(window)
         profile = {**self.info.profile, "width": width, "height": height, "transform": transform}
         across = int(ds.block_shapes[0][1])  # GDAL decodes the blocks the window touches
@@ -248,7 +337,7 @@ class DatasetSource(RasterSource):
         ds = getattr(self, "_ds", None)
         if ds is not None:
             ds.close()
-        if self._memfile is not None:
+        if self._memfile is not None and self._owns_memfile:
             self._memfile.close()
 
 
@@ -258,6 +347,15 @@ def _block_bytes(ds: Any) -> int:
     pixel = str(getattr(ds, "interleaving", None) or "").lower().endswith("pixel")
     bands = ds.count if pixel else 1
     return int(rows * ds.width * bands * np.dtype(ds.dtypes[0]).itemsize)
+
+
+def _colormap(ds: Any) -> dict[int, tuple[int, int, int, int]] | None:
+    """Band 1's colour table (value -> RGBA), or None when it has none."""
+    try:
+        table = ds.colormap(1)
+    except (ValueError, RasterioError):  # (rasterio: "NULL color table")
+        return None
+    return {int(k): (int(r), int(g), int(b), int(a)) for k, (r, g, b, a) in table.items()}
 
 
 def _without(message: str, internal: str | None) -> str:

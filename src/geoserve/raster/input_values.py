@@ -1,6 +1,6 @@
 """The input values :func:`~geoserve.raster.source.open_raster` takes beside paths and bytes.
 
-An in-memory raster (:class:`RasterArray`), upload bytes with the name they are reported by
+An in-memory or lazy raster (:class:`RasterArray`), upload bytes with the name they are reported by
 (:class:`NamedBytes`), and a window of a file read as a whole raster (:class:`RasterWindow`).
 """
 
@@ -9,22 +9,48 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from numpy.typing import NDArray
 from rasterio.windows import Window
 
 
+class SliceableArray(Protocol):
+    """What :class:`RasterArray` needs of its data.
+
+    numpy's ``shape``, ``dtype``, ``ndim`` and slicing by integers and slices (a numpy array,
+    ``np.memmap``, a Dask, Zarr or h5py array).
+    """
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The array's shape."""
+
+    @property
+    def dtype(self) -> Any:
+        """Its element type (one numpy knows)."""
+
+    @property
+    def ndim(self) -> int:
+        """Its number of axes."""
+
+    def __getitem__(self, key: Any) -> Any:
+        """A slice of it, which ``np.asarray`` turns into numpy."""
+
+
 @dataclass(frozen=True)
 class RasterArray:
-    """An in-memory raster: ``data`` is (bands, height, width); ``profile`` as rasterio's.
+    """An in-memory or lazy raster: ``data`` (bands, height, width), ``profile`` as rasterio's.
 
-    The profile may hold ``crs``, ``transform``, ``nodata``, ``descriptions`` (band names) and
-    ``tags`` (a dict of metadata, such as ``{"ACQUISITION_DATE": "2020-06-01"}``); missing keys
+    A (height, width) ``data`` is one band. ``data`` is a numpy array or any array-like
+    (:class:`SliceableArray`: ``np.memmap``, Dask, Zarr, h5py); it is never loaded whole: each
+    read converts only the slice it needs. The profile may hold ``crs``, ``transform``,
+    ``nodata``, ``descriptions`` (band names) and ``tags`` (a dict of metadata, such as
+    ``{"ACQUISITION_DATE": "2020-06-01"}``); missing keys
     mean "not georeferenced" / "no nodata" / "unnamed bands" / "no tags".
     """
 
-    data: NDArray[Any]
+    data: NDArray[Any] | SliceableArray
     profile: Mapping[str, Any] = field(default_factory=dict)
     name: str = "<array>"
 

@@ -1,10 +1,14 @@
 """Opening request inputs as rasters, and reading them a band of rows at a time.
 
 An input is a path, GeoTIFF ``bytes``, a base64 string of those bytes, or a
-:class:`RasterArray` (a numpy array with a rasterio-style profile). Whatever the form, it becomes
-a :class:`RasterSource`, which exposes the metadata (:class:`RasterInfo`) and one read method,
-:meth:`RasterSource.read_rows`. Reading a band of rows at a time (never the whole scene) keeps
-memory proportional to the scene's width, not its area.
+:class:`RasterArray` (an array, or a lazy array-like, with a rasterio-style profile). Whatever
+the form, it becomes a :class:`RasterSource`, which exposes the metadata (:class:`RasterInfo`)
+and two reads: :meth:`RasterSource.read_rows`, a band of full-width rows (what the engine
+streams; reading a band of rows at a time, never the whole scene, keeps memory proportional to
+the scene's width, not its area), and :meth:`RasterSource.read`, any window at any size
+(pictures, map tiles), built on ``read_rows`` unless a kind of source reads windows itself.
+Every reader of pixels goes through these two, so a new kind of source is one subclass; GDAL's
+warper alone takes a GDAL dataset (:meth:`RasterSource.gdal_dataset`).
 
 Files are read by :class:`~geoserve.raster.dataset.DatasetSource`, a band of rows at a time.
 
@@ -21,6 +25,7 @@ import re
 import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -28,6 +33,7 @@ from typing import Any, Literal
 import numpy as np
 from affine import Affine
 from numpy.typing import NDArray
+from rasterio.windows import Window
 
 from geoserve.errors import (
     InputError,
@@ -42,6 +48,14 @@ from geoserve.raster.input_values import RasterArray as RasterArray
 from geoserve.raster.input_values import RasterWindow as RasterWindow
 from geoserve.raster.trust import (
     DEFAULT_INPUT_FORMATS,
+)
+from geoserve.raster.window_read import (
+    WindowRead,
+    check_read,
+    read_picked,
+    read_resampled,
+    samples,
+    value_mask,
 )
 
 DataFormat = Literal["auto", "path", "bytes", "b64", "url"]
@@ -72,6 +86,8 @@ class RasterInfo:
     """The acquisition date given with the input (``dates=``): it wins over tags and name."""
     units: tuple[str | None, ...] = ()
     """Each band's unit (GDAL's band unit type, ``"dB"``), where the file declares one."""
+    colormap: Mapping[int, tuple[int, int, int, int]] | None = None
+    """Band 1's colour table (value -> RGBA), where the file has one (a class map)."""
 
     @property
     def is_georeferenced(self) -> bool:
@@ -80,7 +96,13 @@ class RasterInfo:
 
 
 class RasterSource(ABC):
-    """An opened input raster that is read by bands of rows."""
+    """An opened input raster that is read by bands of rows, or by windows.
+
+    A kind of source implements :meth:`read_rows`; everything else has a default built on it:
+    :meth:`read` (a window at any size, masked or not), :attr:`block_rows`, :meth:`overview`
+    (none) and :meth:`gdal_dataset` (none: such a source cannot be warped). A source that can
+    do better overrides them (a file: GDAL's own windowed read, its overviews).
+    """
 
     info: RasterInfo
 
@@ -104,6 +126,96 @@ class RasterSource(ABC):
         read of the source. By default one piece, :meth:`read_rows`.
         """
         return [(row_start, self.read_rows(row_start, row_stop, bands))]
+
+    def read(
+        self,
+        window: Window,
+        bands: Sequence[int],
+        *,
+        out_shape: Sequence[int] | None = None,
+        resampling: str = "nearest",
+        masked: bool = False,
+    ) -> NDArray[Any]:
+        """The pixels of ``window`` (in this source's grid) of the 0-based ``bands``.
+
+        Returns (len(bands), rows, cols) in the source's dtype: the window's own size, or
+        ``out_shape`` (rows, cols) resampled by ``resampling`` (a GDAL/rasterio name: one of
+        :data:`~geoserve.raster.window_read.READ_RESAMPLINGS`). With ``masked=True``, a
+        :class:`numpy.ma.MaskedArray` masked where the source says a pixel is missing (its
+        nodata value, its mask or alpha band, a float's NaN or infinity).
+
+        By default it is built on :meth:`read_rows`: the window's rows are read a band of
+        :attr:`block_rows` at a time and its columns sliced; ``nearest`` picks exactly the
+        pixels GDAL's nearest-neighbour read picks, reading only the rows it samples; any
+        other resampling is GDAL's own, on an in-memory copy of the window and the margin its
+        kernel reads (so it matches a file read the same way; memory: the window at full
+        resolution). Pixels are masked where they hold the source's nodata value.
+
+        Raises:
+            InputError: naming the source: a window not inside it, no bands or a band it does
+                not have, a non-positive ``out_shape``, an unknown resampling.
+            RasterReadError: the data cannot be decoded.
+        """
+        req = check_read(self.info, window, bands, out_shape, resampling, masked)
+        return self._read_window(req)
+
+    def _read_window(self, req: WindowRead) -> NDArray[Any]:
+        """:meth:`read` of a checked request (a source that reads windows better overrides it)."""
+        if req.full or req.resampling == "nearest":
+            rows = req.row + samples(req.height, req.out_shape[0])
+            cols = req.col + samples(req.width, req.out_shape[1])
+            data = read_picked(
+                self._read_block, self.info.dtype, rows, cols, req.bands, self.block_rows
+            )
+        else:
+            data = read_resampled(self._read_block, self.info, req, self.block_rows)
+        if not req.masked:
+            return data
+        return np.ma.MaskedArray(data, mask=value_mask(data, self.info.nodata))
+
+    def _read_block(
+        self, row_start: int, row_stop: int, col_start: int, col_stop: int, bands: Sequence[int]
+    ) -> NDArray[Any]:
+        """Rows ``[row_start, row_stop)``, columns ``[col_start, col_stop)`` of ``bands``.
+
+        By default :meth:`read_rows`, its columns sliced; a source that can read fewer
+        columns than the whole width (an array) overrides it.
+        """
+        rows = self.read_rows(row_start, row_stop, bands)
+        if col_start == 0 and col_stop == self.info.width:
+            return rows
+        return rows[:, :, col_start:col_stop]
+
+    @property
+    def block_rows(self) -> int:
+        """Rows the source decodes at once (a file's block height; 1: no blocks of its own).
+
+        A reader that must not decode a block twice reads whole bands of this many rows.
+        """
+        return 1
+
+    def overview(self, rows: int, cols: int) -> RasterSource | None:
+        """A smaller version of this source, at least ``rows`` x ``cols``, when it has one.
+
+        The smallest of a file's overviews still that large, opened the way the file was (the
+        caller closes it); None when there is none (by default: a source has no overviews).
+        """
+        return None
+
+    def gdal_dataset(self) -> AbstractContextManager[Any]:
+        """The source as a rasterio dataset, for GDAL's warper (:mod:`geoserve.raster.warp`).
+
+        The one reader that needs a GDAL dataset rather than :meth:`read` (see
+        docs/design.md, "Kept on purpose"). A file hands its own dataset, opened through the
+        trust rules; an array an in-memory GeoTIFF copy of itself. The dataset is valid until
+        the context exits.
+
+        Raises:
+            InputError: this kind of source cannot be warped.
+        """
+        raise InputError(
+            f"{self.info.name}: cannot be warped (a {type(self).__name__} has no GDAL dataset)"
+        )
 
     def read_cost(self, bands: Sequence[int]) -> int:
         """Pixels decoded to read ``bands`` over the whole grid (a request's size guard)."""

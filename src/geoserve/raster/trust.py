@@ -32,10 +32,8 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
-from typing import Any
 
 import rasterio
-from rasterio.errors import RasterioError
 
 from geoserve.errors import ConfigError, InputFormatError
 
@@ -77,25 +75,6 @@ def apply_http_defaults() -> None:
 def input_env() -> rasterio.Env:
     """The GDAL environment every input is opened in (see the module docstring)."""
     return rasterio.Env(**OPEN_OPTIONS)
-
-
-def open_allowed(path: str, formats: Iterable[str] = ALLOWABLE_INPUT_FORMATS) -> Any:
-    """A rasterio dataset of a local file, opened only by the drivers of ``formats``.
-
-    For reading an input again after the engine accepted it (the CLI's quicklook).
-
-    Raises:
-        rasterio.errors.RasterioError: no allowed driver opens it.
-    """
-    drivers = gdal_drivers(formats)
-    with input_env():
-        for i, driver in enumerate(drivers):
-            try:
-                return rasterio.open(path, driver=driver)
-            except RasterioError:
-                if i == len(drivers) - 1:
-                    raise
-    raise AssertionError("no drivers")
 
 
 def check_formats(formats: Iterable[str]) -> tuple[str, ...]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
@@ -27,15 +28,12 @@ from numpy.typing import NDArray
 from rasterio._err import CPLE_BaseError
 from rasterio.enums import Resampling
 from rasterio.errors import RasterioError
-from rasterio.io import MemoryFile
 from rasterio.vrt import WarpedVRT
 from rasterio.warp import calculate_default_transform
 from rasterio.warp import transform as warp
 from rasterio.windows import Window
 
 from geoserve.errors import ConfigError, InputError, RasterReadError
-from geoserve.raster.arrays import ArraySource
-from geoserve.raster.dataset import DatasetSource
 from geoserve.raster.source import RasterInfo, RasterSource
 from geoserve.raster.trust import input_env
 
@@ -150,8 +148,9 @@ class WarpedSource(RasterSource):
     only the source window each block needs, so the values do not depend on how the grid is
     read (which rows, in what bands). A float input (NaN as its missing values) goes through
     GDAL's fast kernels first, with the exact warp filling in what they leave (see
-    :meth:`read_rows`): the same values, in about a third of the time. An array input is put
-    in an in-memory GeoTIFF first.
+    :meth:`read_rows`): the same values, in about a third of the time. The warper reads the
+    input's GDAL dataset (:meth:`~geoserve.raster.source.RasterSource.gdal_dataset`: a file's
+    own, an array's in-memory GeoTIFF copy); a source without one cannot be warped.
     The input itself is closed with it.
 
     Args:
@@ -172,8 +171,6 @@ class WarpedSource(RasterSource):
         tolerance: float = WARP_TOLERANCE,
     ) -> None:
         src = source.info
-        if not isinstance(source, DatasetSource | ArraySource):
-            raise TypeError(f"cannot warp a {type(source).__name__}")
         if not src.is_georeferenced or grid.crs is None:
             raise InputError(
                 f"{src.name}: not on the reference grid and not georeferenced, so it cannot "
@@ -187,10 +184,11 @@ class WarpedSource(RasterSource):
         self.grid = grid
         self.resampling = resampling
         self.tolerance = tolerance
-        self._memfile: MemoryFile | None = None
-        dataset = source.dataset if isinstance(source, DatasetSource) else self._in_memory(source)
-        nodata = source_nodata(src)
         self._fast: WarpedVRT | None = None
+        self._vrt: WarpedVRT | None = None
+        self._held = ExitStack()  # the input's GDAL dataset, while the warpers read it
+        dataset = self._held.enter_context(source.gdal_dataset())
+        nodata = source_nodata(src)
         options = {
             "crs": grid.crs,
             "transform": grid.transform,
@@ -223,22 +221,10 @@ class WarpedSource(RasterSource):
             profile=grid.profile({**src.profile, "dtype": "float32", "nodata": None}),
         )
 
-    def _in_memory(self, source: ArraySource) -> Any:
-        """An array input as an in-memory GeoTIFF dataset, for the warper."""
-        data, info = source.array, source.info
-        self._memfile = MemoryFile()
-        with self._memfile.open(
-            driver="GTiff",
-            width=info.width,
-            height=info.height,
-            count=info.count,
-            dtype=data.dtype,
-            crs=info.crs,
-            transform=info.transform,
-            nodata=info.nodata,
-        ) as ds:
-            ds.write(data)
-        return self._memfile.open()
+    @property
+    def block_rows(self) -> int:
+        """The rows of one block of the warper (it warps whole blocks)."""
+        return int(self._vrt.block_shapes[0][0]) if self._vrt is not None else 1
 
     def read_rows(self, row_start: int, row_stop: int, bands: Sequence[int]) -> NDArray[Any]:
         """See :meth:`RasterSource.read_rows`: float32, NaN where the input has nothing.
@@ -252,11 +238,13 @@ class WarpedSource(RasterSource):
         """
         indexes = [b + 1 for b in bands]
         window = Window(0, row_start, self.grid.width, row_stop - row_start)
+        if self._vrt is None:
+            raise InputError(f"{self.source.info.name}: its warper is closed")
         try:
             if self._fast is None:
-                out: NDArray[Any] = self._vrt.read(indexes, window=window)
+                out = self._warped(self._vrt, indexes, window)
             else:
-                out = self._fast.read(indexes, window=window)
+                out = self._warped(self._fast, indexes, window)
                 self._patch_from_exact(out, indexes, row_start, row_stop)
         except CPLE_BaseError as exc:  # GDAL cannot transform these rows: not the file's fault
             raise InputError(
@@ -268,6 +256,22 @@ class WarpedSource(RasterSource):
                 f"{self.source.info.name}: cannot read it onto the reference grid, rows "
                 f"{row_start}-{row_stop} ({exc}); the file may be truncated or corrupt"
             ) from exc
+        return out
+
+    def _warped(self, vrt: Any, indexes: list[int], window: Window) -> NDArray[Any]:
+        """``vrt.read(indexes, window=window)``, the whole grid of several bands band by band.
+
+        GDAL warps a read of the whole grid in several bands in one pass of its own rather
+        than block by block, and its values then differ (by the approximated transform) from
+        those of any other read of the same pixels; one band at a time it keeps to its blocks.
+        """
+        whole = (window.col_off, window.row_off) == (0, 0) and (window.width, window.height) == (
+            self.grid.width,
+            self.grid.height,
+        )
+        if whole and len(indexes) > 1:
+            return np.stack([vrt.read(i, window=window) for i in indexes])
+        out: NDArray[Any] = vrt.read(indexes, window=window)
         return out
 
     def _patch_from_exact(
@@ -282,6 +286,7 @@ class WarpedSource(RasterSource):
         redo |= out == 0
         if not redo.any():
             return
+        assert self._vrt is not None  # (read_rows checked)
         block = max(1, int(self._vrt.block_shapes[0][1]))
         width = self.grid.width
         wanted = np.logical_or.reduceat(redo.any(axis=(0, 1)), np.arange(0, width, block))
@@ -292,7 +297,7 @@ class WarpedSource(RasterSource):
             elif not need and first is not None:
                 c0, c1 = first * block, min(width, i * block)
                 window = Window(c0, row_start, c1 - c0, row_stop - row_start)
-                exact = self._vrt.read(indexes, window=window)
+                exact = self._warped(self._vrt, indexes, window)
                 part, mask = out[..., c0:c1], redo[..., c0:c1]
                 part[mask] = exact[mask]
                 first = None
@@ -320,9 +325,9 @@ class WarpedSource(RasterSource):
             if vrt is not None:
                 vrt.close()
                 setattr(self, name, None)
-        if self._memfile is not None:
-            self._memfile.close()
-            self._memfile = None
+        held = getattr(self, "_held", None)
+        if held is not None:
+            held.close()  # (the input's dataset handed back: an array's copy freed)
         return self.source
 
     def close(self) -> None:

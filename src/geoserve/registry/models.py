@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 from geoserve.errors import UnknownModelError
@@ -45,6 +46,8 @@ class ModelSpec:
         input_description: What the model takes, in words for a user holding the wrong file
             (``"a 13-band Sentinel-2 L1C stack (B01-B08, B8A, B09-B12, in that order)"``):
             said with a band mismatch, by ``geoserve info`` and models, and ``GET /v1/models``.
+        bundled_weights: The weights file a model ships and its factory loads itself, when no
+            ``weights=`` are given (its name and sha256 go into a result's STAC Item).
     """
 
     name: str
@@ -56,6 +59,7 @@ class ModelSpec:
     token_size: int | None = None
     validated: tuple[str, ...] = ()
     input_description: str = ""
+    bundled_weights: Path | None = None
 
     @property
     def key(self) -> str:
@@ -80,6 +84,7 @@ class ModelRegistry(Registry[ModelSpec]):
         token_size: int | None = None,
         validated: tuple[str, ...] = (),
         input_description: str = "",
+        bundled_weights: Path | None = None,
         override: bool = False,
     ) -> Callable[[F], F]:
         """Decorator registering a model factory under ``name`` (fields as :class:`ModelSpec`)."""
@@ -96,6 +101,7 @@ class ModelRegistry(Registry[ModelSpec]):
                 token_size,
                 tuple(validated),
                 input_description,
+                bundled_weights,
             )
             self.add(name, spec, override=override)
             return factory

@@ -18,15 +18,15 @@ import uuid
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 
 from geoserve.engine import Engine
-from geoserve.engine.admission import modality_items
 from geoserve.engine.async_engine import AsyncEngine
+from geoserve.engine.request_spec import RequestSpec
 from geoserve.engine.runner import AUTO_MAX_BATCH
 from geoserve.errors import (
     ConfigError,
@@ -35,12 +35,11 @@ from geoserve.errors import (
     InputError,
     ShuttingDownError,
     UnknownModelError,
-    count,
 )
 from geoserve.models.configured import models_in_dir, register_all
 from geoserve.raster import tempfiles
-from geoserve.raster.dates import DateLike, request_dates
 from geoserve.raster.sinks import kind_suffix
+from geoserve.raster.source import DataFormat
 from geoserve.schemas import TOKEN_KINDS, VECTOR_KINDS, ImageOutput, ImageRequestOutput, OutFormat
 from geoserve.server.api_models import (
     ImagesRequest,
@@ -49,14 +48,7 @@ from geoserve.server.api_models import (
     validation_message,
 )
 from geoserve.server.errors import error_body, status_for
-from geoserve.server.gather import (
-    Items,
-    as_items,
-    count_items,
-    gather,
-    open_budget,
-    parse_multipart,
-)
+from geoserve.server.gather import Items, gather, open_budget, parse_multipart
 from geoserve.server.map_routes import MapRoutes
 from geoserve.server.metrics import Metrics
 from geoserve.server.middleware import GuardMiddleware, unless_disconnected
@@ -65,10 +57,15 @@ from geoserve.server.settings import ServerSettings
 
 logger = logging.getLogger("geoserve.server")
 
-#: Most inputs (files, URLs) one request of modalities may name, all dates together.
-MAX_MODALITY_INPUTS = 64
 _REQUEST_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")
 _OUT_FORMATS: dict[str, OutFormat] = {"geotiff": "bytes", "b64_json": "b64", "path": "path"}
+#: How the engine reads each ``data_format`` (and a multipart upload's parts: ``bytes``).
+_IN_FORMATS: dict[str, DataFormat] = {
+    "b64_json": "b64",
+    "path": "path",
+    "url": "url",
+    "bytes": "bytes",
+}
 
 
 def _error_response(exc: GeoServeError, settings: ServerSettings) -> JSONResponse:
@@ -147,21 +144,15 @@ class _Service:
         return self.settings.output_dir / f"{rid}{kind_suffix(kinds[0], fmt)}"
 
     async def run(
-        self,
-        request: Request,
-        items: Items,
-        data_format: str,
-        out_data_format: str,
-        *,
-        bands: list[int | str] | None = None,
-        output_kinds: list[str] | None = None,
-        priority: int = 0,
-        dates: DateLike | Sequence[DateLike] | None = None,
+        self, request: Request, spec: RequestSpec, out_data_format: str
     ) -> tuple[str, ImageRequestOutput]:
         """Fetch the inputs, run the request and wait for it, unless the client leaves first.
 
-        The request's deadline (``request_timeout_s``) covers downloading its inputs as well
-        as the engine's work; a client that disconnects cancels both.
+        ``spec``'s inputs are as the client named them (fetched here, every path and URL
+        vetted); it is checked against the model before anything is fetched, and the server
+        gives it its id, output format and path. The request's deadline
+        (``request_timeout_s``) covers downloading its inputs as well as the engine's work; a
+        client that disconnects cancels both.
         """
         eng = self.ready_engine()
         client_id = request.headers.get("x-request-id")
@@ -172,25 +163,10 @@ class _Service:
         rid = f"geo-{uuid.uuid4().hex}"
         if client_id is not None:
             logger.info("request %s has client id %s", rid, client_id)
-        frames = max(1, eng.engine.in_proc.num_frames)
-        if isinstance(items, dict):  # before anything is downloaded or decoded
-            if count_items(items) > MAX_MODALITY_INPUTS:
-                raise InputError(
-                    f"data: {count_items(items)} inputs given; at most {MAX_MODALITY_INPUTS}"
-                )
-            when: Any = modality_items(items, dates)[1]
-        else:
-            if len(items) > frames:
-                what = "file: {} parts" if data_format == "bytes" else "data: {} dates"
-                raise InputError(
-                    f"{what.format(len(items))} given; model {self.settings.model!r} takes "
-                    f"{count(frames, 'date')}"
-                )
-            when = request_dates(dates, len(items))
         out_format = _OUT_FORMATS[out_data_format]
-        kinds = output_kinds or [getattr(p, "kind", "raw") for p in eng.engine.out_procs]
-        if output_kinds is not None:
-            eng.engine.output_processors(output_kinds)  # a 400 naming the kinds it offers
+        spec = RequestSpec.of(spec, request_id=rid, out_format=out_format)
+        spec = spec.check(eng.engine, upfront=True)  # (before anything is downloaded)
+        kinds = spec.output_kind or [getattr(p, "kind", "raw") for p in eng.engine.out_procs]
         if out_data_format == "geotiff" and (len(kinds) > 1 or kinds[0] in VECTOR_KINDS):
             raise InputError(
                 "out_data_format 'geotiff' returns one GeoTIFF; for "
@@ -203,19 +179,12 @@ class _Service:
         budget = open_budget(self.settings, deadline)
 
         async def job() -> ImageRequestOutput:
-            inputs, fmt = await gather(self.settings, items, data_format, deadline, budget)
+            items = cast(Items, spec.inputs)
+            inputs, fmt = await gather(self.settings, items, spec.data_format, deadline, budget)
             return await eng.submit(
-                inputs if isinstance(inputs, dict) or len(inputs) > 1 else inputs[0],
-                request_id=rid,
-                out_format=out_format,
-                output_path=path,
-                data_format=fmt,
-                bands=bands,
-                output_kind=output_kinds,
-                priority=priority,
+                RequestSpec.of(spec, inputs=inputs, data_format=fmt, output_path=path),
                 timeout=self.settings.request_timeout_s,
                 deadline=deadline,
-                dates=when,
                 held=request.scope.get("geoserve.held"),
                 budget=budget,
             )
@@ -235,7 +204,7 @@ class _Service:
 
     async def images(self, request: Request) -> Response:
         """POST /v1/images: multipart upload or JSON; GeoTIFF bytes or JSON back."""
-        items: Items
+        items: Any
         if request.headers.get("content-type", "").startswith("multipart/form-data"):
             body, items = await parse_multipart(request)
             data_format = "bytes"
@@ -249,18 +218,16 @@ class _Service:
             body = await parse_json(
                 ImagesRequest, await request.body(), request.headers.get("content-type", "")
             )
-            items = as_items(body.data)
-            data_format, dates = body.data_format, body.dates
-        rid, result = await self.run(
-            request,
+            items, data_format, dates = body.data, body.data_format, body.dates
+        spec = RequestSpec(
             items,
-            data_format,
-            body.out_data_format,
+            data_format=_IN_FORMATS[data_format],
             bands=body.options.bands,
-            output_kinds=body.options.kinds,
+            output_kind=body.options.kinds,
             priority=body.priority,
             dates=dates,
         )
+        rid, result = await self.run(request, spec, body.out_data_format)
         out = result.outputs
         assert out is not None
         timings = {k: round(v, 4) for k, v in vars(result.timings).items()}
@@ -294,15 +261,14 @@ class _Service:
         engine = self.ready_engine().engine
         raster: list[str] = [p.kind for p in engine.out_procs if p.kind not in NOT_A_GEOTIFF]
         raster = raster or [k for k in engine.kinds_offered() if k not in NOT_A_GEOTIFF]
-        rid, result = await self.run(
-            request,
-            as_items(body.data.data),
-            body.data.data_format,
-            body.data.out_data_format,
+        spec = RequestSpec(
+            body.data.data,
+            data_format=_IN_FORMATS[body.data.data_format],
             bands=bands,
-            output_kinds=raster[:1],  # vLLM's clients take one GeoTIFF on the input's grid
+            output_kind=raster[:1],  # vLLM's clients take one GeoTIFF on the input's grid
             priority=body.priority,
         )
+        rid, result = await self.run(request, spec, body.data.out_data_format)
         out = result.outputs
         assert out is not None
         payload = out.b64 if body.data.out_data_format == "b64_json" else str(out.path)

@@ -19,6 +19,7 @@ from typing import Any, BinaryIO
 from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 
+from geoserve.engine.request_spec import RequestSpec
 from geoserve.errors import ForbiddenInputError, InputError, NotFoundError, PayloadTooLargeError
 from geoserve.raster.source import NamedBytes
 from geoserve.server.metrics import Metrics
@@ -102,9 +103,8 @@ class SceneRoutes:
         request is not refused here (tiles cut it; the whole-scene run says so itself).
         """
         try:
-            request = self.service().engine.engine.prepare_request(
-                upload, data_format="bytes", out_format="tensor", output_kind=["raw"]
-            )
+            spec = RequestSpec(upload, data_format="bytes", out_format="tensor", output_kind="raw")
+            request = self.service().engine.engine.prepare_request(spec)
         except PayloadTooLargeError:
             return
         request.close()
@@ -123,14 +123,13 @@ class SceneRoutes:
         engine = self.ready_engine()
         t0 = time.perf_counter()
         with self.store.use(sid) as scene:  # (not evicted or expired while it runs)
-            result = await engine.submit(
+            spec = RequestSpec(
                 str(scene.path),
                 request_id=f"geo-{uuid.uuid4().hex}",
-                out_format="path",
                 output_path=scene.prediction,
                 output_kind=["classes"],
-                timeout=self.settings.request_timeout_s,
             )
+            result = await engine.submit(spec, timeout=self.settings.request_timeout_s)
             result.raise_for_error()
             self.metrics.observe_outputs(result)
             if not self.store.holds(scene):  # deleted while it ran

@@ -21,12 +21,11 @@ a :class:`TileSource`, a path GDAL may open and an identity that changes with th
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import math
 import time
 import uuid
-from collections.abc import Callable, Collection, Hashable, Iterator
+from collections.abc import Callable, Collection, Hashable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -36,17 +35,17 @@ import rasterio
 from affine import Affine
 from numpy.typing import NDArray
 from rasterio.enums import Resampling
-from rasterio.vrt import WarpedVRT
 from rasterio.windows import Window
 
 from geoserve.engine.batch import PatchKeys
 from geoserve.engine.patch_cache import PatchCache
+from geoserve.engine.request_spec import RequestSpec
 from geoserve.errors import ConfigError, InputError, ZoomTooLowError
 from geoserve.processors.base import OutputProcessor, RasterContext
 from geoserve.raster.budget import OpenBudget
-from geoserve.raster.dataset import DatasetSource
 from geoserve.raster.grid import PatchGrid
-from geoserve.raster.source import RasterWindow, open_raster
+from geoserve.raster.source import RasterSource, RasterWindow, open_raster
+from geoserve.raster.warp import TargetGrid, WarpedSource
 from geoserve.raster.write import OutputRaster
 from geoserve.tiles.mercator import (
     MAX_SCENE_PIXELS_PER_TILE_PIXEL,
@@ -275,14 +274,14 @@ class TileService:
         # the cut-out is read by the engine like any input: the bands the model uses, a band
         # of rows at a time, under the server's bounds on pixels and memory
         cut = RasterWindow(source.path, Window(*plan.cut.flatten()), f"{source.name} tile {label}")
-        result = await self.engine.submit(
+        spec = RequestSpec(
             cut,
             request_id=f"tile-{uuid.uuid4().hex}",
             out_format="tensor",
             output_kind=["raw"],
-            timeout=self.timeout_s,
             patch_keys=PatchKeys(self.cache, plan.key),
         )
+        result = await self.engine.submit(spec, timeout=self.timeout_s)
         result.raise_for_error()
         rows, cols = plan.inner_in_cut
         return result.outputs.tensor.numpy()[:, rows, cols]  # type: ignore[no-any-return]
@@ -319,26 +318,24 @@ class TileService:
             InputError: the file is not georeferenced, or not of the kind asked for.
         """
         with _open(str(path), self.formats) as src:
-            ds = src.dataset
-            if not src.info.is_georeferenced:
+            info = src.info
+            if not info.is_georeferenced:
                 raise InputError(f"{path.name}: has no CRS or transform; a map cannot place it")
-            is_map = ds.count == 1 and np.dtype(ds.dtypes[0]).kind in "ui"
-            is_conf = ds.count == 1 and np.dtype(ds.dtypes[0]).kind == "f"
+            kind_of = np.dtype(info.dtype).kind
+            is_map = info.count == 1 and kind_of in "ui"
+            is_conf = info.count == 1 and kind_of == "f"
             if (kind == "classes" and not is_map) or (kind == "confidence" and not is_conf):
                 what = "class map" if kind == "classes" else "confidence map"
-                raise InputError(f"kind: {path.name} is not a {what} (one band, {ds.dtypes[0]})")
-            resampling = Resampling.nearest if kind == "classes" else Resampling.bilinear
-            with WarpedVRT(
-                ds,
-                crs=WEB_MERCATOR,
-                transform=tile_transform(z, x, y),
-                width=TILE,
-                height=TILE,
-                resampling=resampling,
-                add_alpha=True,  # 0 outside the scene (a class map need not have nodata)
-            ) as vrt:
-                data = vrt.read(1, masked=True).astype(np.float32).filled(np.nan)
-                data[vrt.read(vrt.count) == 0] = np.nan
+                raise InputError(f"kind: {path.name} is not a {what} (one band, {info.dtype})")
+            grid = TargetGrid(WEB_MERCATOR, tile_transform(z, x, y), TILE, TILE)
+            if grid.coverage(info) == 0:  # beside the output: transparent
+                return EMPTY
+            # through the warper every input takes: NaN outside the output and at its nodata
+            warped = WarpedSource(src, grid, "nearest" if kind == "classes" else "bilinear")
+            try:
+                data = warped.read_rows(0, TILE, [0])[0]
+            finally:
+                warped.release()  # (the output itself is closed on leaving)
         if kind == "classes":
             return png(classes_rgba(data, self.colors(), hidden=hidden))
         return png(ramp_rgba(data, *self.confidence_range()))
@@ -355,8 +352,8 @@ class TileService:
         step = max(1, math.ceil(max(inner.width, inner.height) / (2 * TILE)))
         shape = (len(bands), math.ceil(inner.height / step), math.ceil(inner.width / step))
         with _open(source.path, self.formats) as src:
-            data = src.dataset.read(bands, window=inner, out_shape=shape, masked=True)
-        values = data.astype(np.float32).filled(np.nan)
+            data = src.read(inner, bands, out_shape=shape[1:], masked=True)
+        values = np.ma.filled(data.astype(np.float32), np.nan)
         transform = rasterio.windows.transform(inner, g.transform) @ Affine.scale(
             inner.width / shape[2], inner.height / shape[1]
         )
@@ -366,7 +363,7 @@ class TileService:
     def _true_colour(
         self, path: str, identity: Hashable
     ) -> tuple[list[int], list[float], list[float]]:
-        """The 1-based bands drawn as red, green, blue, and their 2-98 % stretch over the scene.
+        """The 0-based bands drawn as red, green, blue, and their 2-98 % stretch over the scene.
 
         The bands come from the model's band roles; ``identity`` (the scene's content) keys
         the cache.
@@ -379,10 +376,10 @@ class TileService:
                 roles = dict(self._model.in_proc.band_roles_for(src.info))
             except Exception:  # the file does not fit the model: no roles
                 roles = {}
-            bands, _ = choose_bands(src.dataset, roles)
+            bands, _ = choose_bands(src.info, roles)
             if len(bands) == 1:
                 bands = bands * 3
-            thumb = read_thumbnail(src.dataset, bands, 512)
+            thumb = read_thumbnail(src, bands, 512)
         limits = stretch_limits(thumb)
         return bands, [lo for lo, _ in limits], [hi for _, hi in limits]
 
@@ -411,16 +408,10 @@ def _class_colors(out: OutputRaster | None, n: int) -> list[tuple[int, int, int]
     return [(int(r * 255), int(g * 255), int(b * 255)) for r, g, b in rgb]
 
 
-@contextlib.contextmanager
-def _open(path: str, formats: tuple[str, ...]) -> Iterator[DatasetSource]:
+def _open(path: str, formats: tuple[str, ...]) -> RasterSource:
     """The scene opened through the trust rules (a file, or a ``/vsicurl/`` URL)."""
-    src = open_raster(path, "path" if not path.startswith("/vsicurl/") else "auto", formats=formats)
-    try:
-        if not isinstance(src, DatasetSource):  # (paths and URLs always open as datasets)
-            raise InputError(f"{path}: not a file")
-        yield src
-    finally:
-        src.close()
+    remote = path.startswith("/vsicurl/")
+    return open_raster(path, "auto" if remote else "path", formats=formats)
 
 
 @functools.lru_cache(maxsize=64)

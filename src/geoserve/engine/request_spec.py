@@ -1,0 +1,428 @@
+"""A request as one value: :class:`RequestSpec`, which every front builds and admission takes.
+
+A request is its inputs (one raster, the dates of one place, or modalities by name), where and
+how its output goes, the bands and output kinds it asks for instead of the engine's, its
+priority and its inputs' explicit dates. ``Engine.generate_image`` and ``Engine.add_request``,
+``AsyncEngine.submit``, the HTTP routes, the map's tiles, the command line and Ray each build
+one; ``Engine.prepare_request`` opens it (:mod:`geoserve.engine.admission`).
+
+- :meth:`RequestSpec.normalised`: the canonical form admission works on (inputs a list, or a
+  dict of modality name to a list; dates matched to them; bands and kinds as tuples);
+- :meth:`RequestSpec.check`: what can be refused knowing only the spec and the engine's model,
+  before anything is opened or fetched: the out format, the dates against the inputs, the
+  bands, the output kinds and, for a front that fetches its inputs first, how many there are;
+- :meth:`RequestSpec.to_json` / :meth:`RequestSpec.from_json`: the spec as a dict of plain JSON
+  values, for a request that is stored. Paths, URLs and base64 text stay strings; bytes and
+  uploads are base64 (an upload with the name it is reported by), a STAC Item is its JSON and
+  where it was read from, a window of a file its path, name and offsets. An in-memory array
+  (:class:`~geoserve.raster.input_values.RasterArray`) or a tensor cannot be stored.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import dataclasses
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, TypedDict, get_args
+
+from rasterio.windows import Window
+
+from geoserve.errors import ConfigError, InputError, count
+from geoserve.raster.dates import request_dates
+from geoserve.raster.input_values import NamedBytes, RasterWindow
+from geoserve.raster.source import DataFormat, RasterLike
+from geoserve.raster.stac_item import StacItem, is_stac_input
+from geoserve.schemas import OUT_FORMATS, OutFormat
+
+if TYPE_CHECKING:
+    from geoserve.engine.batch import PatchKeys
+    from geoserve.processors.base import InputProcessor, OutputProcessor
+    from geoserve.registry import ModelSpec
+
+#: One request's input: a raster, the dates of one place, or modalities by name (a dict whose
+#: values are a raster or a list of dates).
+ImageInput = RasterLike | Sequence[RasterLike] | Mapping[str, RasterLike | Sequence[RasterLike]]
+
+#: Most inputs (files, URLs) one request of modalities may name, all dates together, where
+#: they are counted before they are fetched (``RequestSpec.check(..., upfront=True)``).
+MAX_MODALITY_INPUTS = 64
+
+_DATA_FORMATS: tuple[str, ...] = get_args(DataFormat)
+
+
+class ImageOptions(TypedDict, total=False):
+    """The keywords of :meth:`Engine.generate_image` beside ``progress`` (see there)."""
+
+    output_path: str | Path | None
+    out_format: OutFormat
+    data_format: DataFormat
+    dates: Any
+    bands: Sequence[int | str] | None
+    output_kind: str | Sequence[str] | None
+    priority: int
+
+
+class ModelView(Protocol):
+    """What :meth:`RequestSpec.check` asks of an engine: its model and processors."""
+
+    @property
+    def spec(self) -> ModelSpec:
+        """The model's registration (its name, in messages)."""
+
+    @property
+    def in_proc(self) -> InputProcessor:
+        """The engine's input processor (its dates per request; bands replaced per request)."""
+
+    def output_processors(self, kinds: str | Sequence[str]) -> tuple[OutputProcessor, ...]:
+        """The output processor of each of ``kinds``, refusing a kind the model lacks."""
+
+
+@dataclass(frozen=True)
+class RequestSpec:
+    """One request, as every front gives it to the engine (see the module docstring).
+
+    Attributes:
+        inputs: One raster (a path, URL, bytes, base64 text, :class:`NamedBytes`, a STAC Item,
+            a :class:`RasterWindow` or a :class:`RasterArray`), a list of rasters (the dates of
+            one place), or a dict of modality name to one raster or a list of its dates.
+        request_id: The request's id (None: the engine makes one).
+        output_path: Where a ``path`` output goes (a file, the stem of several kinds' files, or
+            a directory); None: the engine's output directory.
+        out_format: ``path``, ``bytes``, ``b64`` or ``tensor``.
+        data_format: How to read text inputs (``auto``, ``path``, ``bytes``, ``b64``, ``url``).
+        bands: Band selectors (0-based indices or descriptions) instead of the model's.
+        output_kind: One kind, several (a sequence, or text separated by commas) from the same
+            model pass, or None for the engine's.
+        priority: Lower runs first; equal priorities in arrival order.
+        dates: The inputs' acquisition dates (ISO strings, ``date`` or ``datetime`` objects),
+            one per input (``None`` for one: from its tags or file name); for a dict of
+            modalities, a dict of modality name to its dates.
+        patch_keys: How the request's patches are named in a patch cache (map tiles): patches
+            found there do not run. Runtime only: not compared, and never stored by
+            :meth:`to_json` (a restored spec has none).
+    """
+
+    inputs: ImageInput
+    request_id: str | None = None
+    output_path: str | os.PathLike[str] | None = None
+    out_format: OutFormat = "path"
+    data_format: DataFormat = "auto"
+    bands: Sequence[int | str] | None = None
+    output_kind: str | Sequence[str] | None = None
+    priority: int = 0
+    dates: Any = None
+    patch_keys: PatchKeys | None = field(default=None, compare=False, repr=False)
+
+    @classmethod
+    def of(cls, request: ImageInput | RequestSpec, **fields: Any) -> RequestSpec:
+        """``request`` as a spec: a spec with ``fields`` changed, or inputs with ``fields``."""
+        if isinstance(request, RequestSpec):
+            return dataclasses.replace(request, **fields) if fields else request
+        return cls(request, **fields)
+
+    @property
+    def kinds(self) -> tuple[str, ...] | None:
+        """The output kinds asked for, as a tuple (None: the engine's)."""
+        kinds = self.output_kind
+        if not kinds:
+            return None
+        if isinstance(kinds, str):
+            return tuple(k.strip() for k in kinds.split(","))
+        return tuple(kinds)
+
+    def normalised(self) -> RequestSpec:
+        """The canonical form: inputs a list (or a dict of lists), dates matched, tuples.
+
+        Normalising a normalised spec gives an equal one.
+
+        Raises:
+            InputError: the dates do not match the inputs, or a dict of modalities is empty,
+                names a modality by anything but a non-empty string, or gives one no input.
+        """
+        items: list[Any] | dict[str, list[Any]]
+        when: Any
+        if isinstance(self.inputs, Mapping):
+            items, when = modality_items(self.inputs, self.dates)
+        else:
+            items = list(self.inputs) if isinstance(self.inputs, list | tuple) else [self.inputs]
+            when = request_dates(self.dates, len(items))
+        path = self.output_path
+        return dataclasses.replace(
+            self,
+            inputs=items,
+            dates=when,
+            output_path=None if path is None else Path(path),
+            bands=None if self.bands is None else tuple(self.bands),
+            output_kind=self.kinds,
+        )
+
+    def check(self, engine: ModelView, *, upfront: bool = False) -> RequestSpec:
+        """The spec normalised, refused where ``engine``'s model could not run it.
+
+        Nothing is opened or fetched. ``upfront``: also count the inputs, as a front that
+        fetches them before the engine opens them does (the HTTP API; its words: the ``data``
+        field, or the ``file`` parts of an upload): a list may hold no more than the model's
+        dates, a dict of modalities at most :data:`MAX_MODALITY_INPUTS` inputs.
+
+        Raises:
+            ConfigError: an invalid out format, bands the model cannot read as given, or an
+                output kind it does not offer (naming the ones it does).
+            InputError: too many inputs (``upfront``), or dates that do not match them.
+        """
+        if self.out_format not in OUT_FORMATS:
+            raise ConfigError(
+                f"invalid out_format {self.out_format!r}; choose one of {', '.join(OUT_FORMATS)}"
+            )
+        if upfront:
+            self._check_count(engine)
+        spec = self.normalised()
+        if spec.bands is not None:
+            engine.in_proc.replace(bands=spec.bands)
+        if spec.output_kind is not None:
+            engine.output_processors(spec.output_kind)
+        return spec
+
+    def _check_count(self, engine: ModelView) -> None:
+        if isinstance(self.inputs, Mapping):
+            n = sum(len(v) if isinstance(v, list | tuple) else 1 for v in self.inputs.values())
+            if n > MAX_MODALITY_INPUTS:
+                raise InputError(f"data: {n} inputs given; at most {MAX_MODALITY_INPUTS}")
+            return
+        n = len(self.inputs) if isinstance(self.inputs, list | tuple) else 1
+        frames = max(1, engine.in_proc.num_frames)
+        if n > frames:
+            what = "file: {} parts" if self.data_format == "bytes" else "data: {} dates"
+            raise InputError(
+                f"{what.format(n)} given; model {engine.spec.name!r} takes {count(frames, 'date')}"
+            )
+
+    def to_json(self) -> dict[str, Any]:
+        """The normalised spec as plain JSON values (``patch_keys`` left out).
+
+        Raises:
+            InputError: an input that cannot be stored (naming it: ``inputs[0]``,
+                ``inputs['s2'][1]``), or dates that do not match the inputs.
+        """
+        spec = self.normalised()
+        given: Any = spec.inputs  # (a list, or a dict of lists)
+        inputs: Any
+        if isinstance(given, Mapping):
+            inputs = {
+                k: [_stored(x, f"inputs[{k!r}][{i}]") for i, x in enumerate(v)]
+                for k, v in given.items()
+            }
+        else:
+            inputs = [_stored(x, f"inputs[{i}]") for i, x in enumerate(given)]
+        path = spec.output_path
+        return {
+            "inputs": inputs,
+            "request_id": spec.request_id,
+            "output_path": None if path is None else os.fspath(path),
+            "out_format": spec.out_format,
+            "data_format": spec.data_format,
+            "bands": None if spec.bands is None else list(spec.bands),
+            "output_kind": None if spec.output_kind is None else list(spec.output_kind),
+            "priority": spec.priority,
+            "dates": _dates_json(spec.dates),
+        }
+
+    @classmethod
+    def from_json(cls, data: Any) -> RequestSpec:
+        """The spec :meth:`to_json` gave, normalised; ``data`` is checked as untrusted.
+
+        Raises:
+            InputError: naming the field at fault.
+        """
+        if not isinstance(data, Mapping):
+            raise InputError("request spec: a JSON object is needed")
+        unknown = sorted(str(k) for k in data if k not in _FIELDS)
+        if unknown:
+            raise InputError(f"request spec: unknown field {unknown[0][:60]!r}")
+        if "inputs" not in data:
+            raise InputError("request spec: no 'inputs'")
+        raw = data["inputs"]
+        inputs: list[Any] | dict[str, list[Any]]
+        if isinstance(raw, Mapping):
+            inputs = {str(k): _restored_list(v, f"inputs[{k!r}]") for k, v in raw.items()}
+        else:
+            inputs = _restored_list(raw, "inputs")
+        path = _field(data, "output_path", str)
+        return cls(
+            inputs,
+            request_id=_field(data, "request_id", str),
+            output_path=None if path is None else Path(path),
+            out_format=_choice(data, "out_format", OUT_FORMATS, "path"),
+            data_format=_choice(data, "data_format", _DATA_FORMATS, "auto"),
+            bands=_items(data, "bands", (int, str)),
+            output_kind=_items(data, "output_kind", (str,)),
+            priority=_field(data, "priority", int) or 0,
+            dates=data.get("dates"),
+        ).normalised()
+
+
+#: The fields :meth:`RequestSpec.to_json` writes.
+_FIELDS = frozenset(f.name for f in dataclasses.fields(RequestSpec)) - {"patch_keys"}
+
+
+def modality_items(
+    inputs: Mapping[Any, Any], dates: Any
+) -> tuple[dict[str, list[Any]], dict[str, Any] | None]:
+    """A dict request's modalities, each as its list of dates, and their explicit dates.
+
+    ``dates`` is None or a mapping of modality name to its dates (as for a list request).
+
+    Raises:
+        InputError: naming the modality or field at fault.
+    """
+    if not inputs:
+        raise InputError("an empty dict of modalities; give at least one modality")
+    items: dict[str, list[Any]] = {}
+    for name, value in inputs.items():
+        if not isinstance(name, str) or not name:
+            raise InputError(f"modality names must be non-empty strings, got {name!r}")
+        items[name] = list(value) if isinstance(value, list | tuple) else [value]
+        if not items[name]:
+            raise InputError(f"modality {name!r}: an empty list of inputs")
+    if dates is None:
+        return items, None
+    if not isinstance(dates, Mapping):
+        raise InputError("dates: give a dict of modality name to dates for a dict of modalities")
+    when: dict[str, Any] = {}
+    for name, value in dates.items():
+        if name not in items:
+            raise InputError(f"dates: no modality {name!r} in the request")
+        when[name] = request_dates(value, len(items[name]), f"dates[{name!r}]")
+    return items, when
+
+
+def _dates_json(dates: Any) -> Any:
+    """Normalised dates (a list of dates or None, or a dict of them) as ISO text."""
+    if dates is None:
+        return None
+    if isinstance(dates, Mapping):
+        return {k: _dates_json(v) for k, v in dates.items()}
+    return [None if d is None else d.isoformat() for d in dates]
+
+
+def _stored(value: Any, where: str) -> Any:
+    """One input as a plain JSON value.
+
+    Raises:
+        InputError: naming ``where``, for an input that is not a file's reference or bytes.
+    """
+    if isinstance(value, str):
+        return value  # a path, URL or base64 text (read as the spec's data_format says)
+    if isinstance(value, NamedBytes):
+        return {"bytes": _b64(value.data), "name": value.name}
+    if isinstance(value, bytes):
+        return {"bytes": _b64(value)}
+    if isinstance(value, os.PathLike) and isinstance(os.fspath(value), str):
+        return {"path": os.fspath(value)}
+    if isinstance(value, RasterWindow):
+        return {"window": [value.path, value.name, *map(_number, value.window.flatten())]}
+    if is_stac_input(value):  # a StacItem or a pystac.Item (not a file's name)
+        item = StacItem.of(value)
+        return {"stac_item": dict(item.data), "location": item.location}
+    raise InputError(
+        f"{where}: a {type(value).__name__} cannot be stored (give a path, URL, base64 text, "
+        "bytes or a STAC Item)"
+    )
+
+
+def _restored_list(value: Any, where: str) -> list[Any]:
+    if not isinstance(value, list):
+        raise InputError(f"request spec: {where} must be a list")
+    return [_restored(x, f"{where}[{i}]") for i, x in enumerate(value)]
+
+
+def _restored(value: Any, where: str) -> Any:
+    """One input as :func:`_stored` wrote it.
+
+    Raises:
+        InputError: naming ``where``, for anything :func:`_stored` does not write.
+    """
+    if isinstance(value, str):
+        return value
+    keys = set(value) if isinstance(value, Mapping) else set()
+    if keys in ({"bytes"}, {"bytes", "name"}):
+        data = _unb64(value["bytes"], where)
+        if "name" not in keys:
+            return data
+        if not isinstance(value["name"], str):
+            raise InputError(f"request spec: {where}: 'name' must be text")
+        return NamedBytes(data, value["name"])
+    if keys == {"path"} and isinstance(value["path"], str):
+        return Path(value["path"])
+    if keys == {"window"}:
+        parts = value["window"]
+        if (
+            isinstance(parts, list)
+            and len(parts) == 6
+            and all(isinstance(p, str) for p in parts[:2])
+            and all(isinstance(p, int | float) and not isinstance(p, bool) for p in parts[2:])
+        ):
+            return RasterWindow(parts[0], Window(*parts[2:]), parts[1])
+    if keys in ({"stac_item"}, {"stac_item", "location"}):
+        location = value.get("location")
+        if location is None or isinstance(location, str):
+            return StacItem(value["stac_item"], location)  # (checked as any Item input)
+    raise InputError(
+        f"request spec: {where} is not a stored input (text, or an object of 'bytes', "
+        "'path', 'window' or 'stac_item')"
+    )
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def _unb64(text: Any, where: str) -> bytes:
+    if isinstance(text, str):
+        try:
+            return base64.b64decode(text, validate=True)
+        except (binascii.Error, ValueError):
+            pass
+    raise InputError(f"request spec: {where}: 'bytes' must be base64 text")
+
+
+def _number(x: float) -> int | float:
+    """A window offset or size as JSON keeps it (a whole number as an int)."""
+    return int(x) if float(x).is_integer() else float(x)
+
+
+def _field(data: Mapping[str, Any], name: str, kind: type) -> Any:
+    """``data[name]``, None when absent or null, else of ``kind`` (a bool is no number)."""
+    value = data.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
+        raise InputError(f"request spec: {name!r} must be {_KIND_WORDS[kind]}")
+    return value
+
+
+def _choice(data: Mapping[str, Any], name: str, choices: tuple[str, ...], default: str) -> Any:
+    value = _field(data, name, str)
+    if value is None:
+        return default
+    if value not in choices:
+        raise InputError(f"request spec: {name!r} must be one of {', '.join(choices)}")
+    return value
+
+
+def _items(data: Mapping[str, Any], name: str, kinds: tuple[type, ...]) -> list[Any] | None:
+    value = data.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(
+        isinstance(v, kinds) and not isinstance(v, bool) for v in value
+    ):
+        words = " or ".join(_KIND_WORDS[k] for k in kinds)
+        raise InputError(f"request spec: {name!r} must be a list, each entry {words}")
+    return value
+
+
+_KIND_WORDS: dict[type, str] = {str: "text", int: "an integer"}
