@@ -97,6 +97,8 @@ class AsyncEngine:
         self._inbox: queue.Queue[tuple[str, Any]] = queue.Queue()
         self._futures: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Future[Any]]] = {}
         self._reserved: dict[str, int] = {}
+        #: (patches done, patches in all) of each admitted request, as the engine thread counts
+        self._progress: dict[str, tuple[int, int]] = {}
         self._lock = threading.Lock()
         self._closing = False
         #: Set if the engine loop itself died (never expected); the server then reports 503.
@@ -122,6 +124,17 @@ class AsyncEngine:
         """Requests admitted and not yet finished."""
         with self._lock:
             return len(self._reserved)
+
+    def progress(self, request_id: str) -> tuple[int, int] | None:
+        """(patches done, patches in all) of an admitted request; ``None`` when it is not.
+
+        Done counts the patches stitched and those skipped (all nodata); a request whose
+        patches are all through the model but whose outputs are still being committed counts
+        as all done. ``None`` before admission (its inputs still opening) and after its
+        result was handed out.
+        """
+        with self._lock:
+            return self._progress.get(request_id)
 
     async def submit(
         self,
@@ -307,12 +320,22 @@ class AsyncEngine:
                 self.on_batch(batch)
             except Exception:
                 logger.exception("batch callback failed")
+        self._count_progress()
         for result in results:
             self._resolve(result)
         self._remaining = self.engine.queued_patches
         if results:
             self._trim(idle=not self.engine.has_unfinished())
         return True
+
+    def _count_progress(self) -> None:
+        """Record each admitted request's patches done (engine thread, after a step)."""
+        active = {r.request_id: r for r in self.engine.scheduler.active}
+        with self._lock:
+            for rid, (_, total) in list(self._progress.items()):
+                req = active.get(rid)
+                done = total if req is None else min(total, req.stitched + req.skipped)
+                self._progress[rid] = (done, total)
 
     def _trim(self, idle: bool) -> None:
         """Requests finished: hand freed heap back to the OS.
@@ -335,6 +358,8 @@ class AsyncEngine:
             if kind == "stop":
                 return False
             if kind == "add":
+                with self._lock:
+                    self._progress[payload.request_id] = (0, len(payload.ctx.grid))
                 try:
                     self.engine.admit(payload)
                 except Exception as exc:
@@ -381,6 +406,7 @@ class AsyncEngine:
     def _release(self, request_id: str) -> None:
         with self._lock:
             self._reserved.pop(request_id, None)
+            self._progress.pop(request_id, None)
         self.memory.release(request_id)
 
     def _resolve(self, result: ImageRequestOutput | TensorRequestOutput) -> None:

@@ -38,6 +38,7 @@ from geoserve.errors import (
 )
 from geoserve.models.configured import models_in_dir, register_all
 from geoserve.raster import tempfiles
+from geoserve.raster.budget import OpenBudget
 from geoserve.raster.sinks import kind_suffix
 from geoserve.raster.source import DataFormat
 from geoserve.schemas import TOKEN_KINDS, VECTOR_KINDS, ImageOutput, ImageRequestOutput, OutFormat
@@ -49,10 +50,13 @@ from geoserve.server.api_models import (
 )
 from geoserve.server.errors import error_body, status_for
 from geoserve.server.gather import Items, gather, open_budget, parse_multipart
+from geoserve.server.job_routes import JobRoutes
+from geoserve.server.job_service import JobService
 from geoserve.server.map_routes import MapRoutes
 from geoserve.server.metrics import Metrics
 from geoserve.server.middleware import GuardMiddleware, unless_disconnected
 from geoserve.server.model_entry import model_entry
+from geoserve.server.ogc_routes import OgcRoutes
 from geoserve.server.settings import ServerSettings
 
 logger = logging.getLogger("geoserve.server")
@@ -178,19 +182,10 @@ class _Service:
         deadline = time.monotonic() + self.settings.request_timeout_s
         budget = open_budget(self.settings, deadline)
 
-        async def job() -> ImageRequestOutput:
-            items = cast(Items, spec.inputs)
-            inputs, fmt = await gather(self.settings, items, spec.data_format, deadline, budget)
-            return await eng.submit(
-                RequestSpec.of(spec, inputs=inputs, data_format=fmt, output_path=path),
-                timeout=self.settings.request_timeout_s,
-                deadline=deadline,
-                held=request.scope.get("geoserve.held"),
-                budget=budget,
-            )
-
+        spec = RequestSpec.of(spec, output_path=path)
+        job = self.gather_submit(spec, deadline, budget, request.scope.get("geoserve.held"))
         try:
-            result = await unless_disconnected(request, job())
+            result = await unless_disconnected(request, job)
         finally:  # (done, timed out or its client left: nothing more reaches a host for it)
             budget.cancel()
         self.metrics.latency.labels(endpoint=request.url.path).observe(time.perf_counter() - t0)
@@ -199,6 +194,46 @@ class _Service:
         self.metrics.observe_stages(result.timings)
         self.metrics.observe_outputs(result)
         return rid, result
+
+    async def gather_submit(
+        self, spec: RequestSpec, deadline: float, budget: OpenBudget, held: str | None = None
+    ) -> ImageRequestOutput:
+        """Vet and fetch ``spec``'s inputs (the trust rules), then run it in the engine.
+
+        Inputs already read by the server (``data_format`` ``bytes``: uploads) go as they are.
+        """
+        eng = self.ready_engine()
+        if spec.data_format != "bytes":
+            items = cast(Items, spec.inputs)
+            inputs, fmt = await gather(self.settings, items, spec.data_format, deadline, budget)
+            spec = RequestSpec.of(spec, inputs=inputs, data_format=fmt)
+        return await eng.submit(
+            spec,
+            timeout=self.settings.request_timeout_s,
+            deadline=deadline,
+            held=held,
+            budget=budget,
+        )
+
+    async def run_job(self, spec: RequestSpec, directory: Path) -> ImageRequestOutput:
+        """A job's request (:class:`~geoserve.jobs.runner.JobRunner`), outputs in ``directory``.
+
+        The same checks and trust rules as ``/v1/images``; its deadline is
+        ``request_timeout_s`` from when it starts running.
+        """
+        eng = self.ready_engine()
+        spec = RequestSpec.of(spec, out_format="path").check(eng.engine, upfront=True)
+        kinds = spec.output_kind or [getattr(p, "kind", "raw") for p in eng.engine.out_procs]
+        fmt = self.settings.engine.polygon_format
+        path = directory / ("out" if len(kinds) > 1 else f"out{kind_suffix(kinds[0], fmt)}")
+        deadline = time.monotonic() + self.settings.request_timeout_s
+        budget = open_budget(self.settings, deadline)
+        try:
+            return await self.gather_submit(
+                RequestSpec.of(spec, output_path=path), deadline, budget
+            )
+        finally:
+            budget.cancel()
 
     # -- routes ----------------------------------------------------------------------------
 
@@ -346,10 +381,16 @@ def create_app(settings: ServerSettings, *, engine: Engine | None = None) -> Fas
         settings.check_weights_source()
     svc = _Service(settings, engine)
 
+    jobs = JobService(settings, svc.ready_engine, svc.run_job)
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         threading.Thread(target=svc.load, name="geoserve-load", daemon=True).start()
+        await jobs.open()
+        starting = asyncio.create_task(jobs.start_when_ready(svc.state))
         yield
+        starting.cancel()
+        await jobs.close()
         if svc.state["engine"] is not None:
             await asyncio.to_thread(svc.state["engine"].close)
 
@@ -374,5 +415,7 @@ def create_app(settings: ServerSettings, *, engine: Engine | None = None) -> Fas
     app.add_api_route("/health/live", svc.live, methods=["GET"], response_model=None)
     app.add_api_route("/health/ready", svc.ready, methods=["GET"], response_model=None)
     app.add_api_route("/metrics", svc.metrics_route, methods=["GET"], response_model=None)
+    JobRoutes(settings, jobs.current, svc.ready_engine).register(app)
+    OgcRoutes(settings, jobs.current, svc.ready_engine).register(app)
     MapRoutes(settings, svc.ready_engine, svc.metrics).register(app)  # tiles, scenes, page
     return app

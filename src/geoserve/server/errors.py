@@ -53,3 +53,11 @@ def status_for(exc: GeoServeError) -> int:
 def error_body(message: str, status: int, kind: str) -> dict[str, Any]:
     """The JSON error shape (as vLLM/OpenAI servers answer)."""
     return {"object": "error", "message": message, "type": kind, "code": status}
+
+
+def ogc_exception(exc: BaseException) -> dict[str, Any]:
+    """OGC API's exception body (``type``, ``title``, ``status``, ``detail``) for an error."""
+    status = status_for(exc) if isinstance(exc, GeoServeError) else 500
+    name = type(exc).__name__ if isinstance(exc, GeoServeError) else "InternalError"
+    detail = str(exc) if isinstance(exc, GeoServeError) else "internal error"
+    return {"type": f"urn:geoserve:error:{name}", "title": name, "status": status, "detail": detail}

@@ -87,6 +87,19 @@ class ServerFields(BaseModel):
     """Most megabytes of uploaded scenes kept at once (under --output-dir/scenes)."""
     scene_ttl_s: float = Field(3600.0, gt=0)
     """An uploaded scene is removed this long after its last use."""
+    job_store: str | None = None
+    """Where asynchronous jobs are kept (POST /v1/jobs, /ogcapi): a SQLite file path or
+    sqlite:///PATH, or postgresql://...; unset: --output-dir/jobs.sqlite3. Jobs need
+    --output-dir (their outputs go under --output-dir/jobs/<job id>/)."""
+    job_ttl_s: float = Field(86400.0, gt=0)
+    """A finished job and its outputs are removed this long after it finished."""
+    max_jobs: int = Field(1000, ge=1)
+    """Most jobs queued and running at once; beyond it submissions get 503 with Retry-After."""
+    job_workers: int = Field(1, ge=1)
+    """Jobs run at once (each at a lower priority than interactive requests)."""
+    max_inline_mb: float = Field(8.0, gt=0)
+    """Largest job input given inline (base64, decoded size); larger gets 413. Results are
+    always given by reference (download links)."""
     allow_hub_weights: bool = False
     """Let --weights be a Hub reference (hf://...), fetched from huggingface.co (or HF_ENDPOINT)
     at start-up; off: the server refuses to start with one."""

@@ -1,0 +1,271 @@
+"""``JobRunner``: the workers that run a :class:`~geoserve.jobs.store.JobStore`'s jobs.
+
+At start the runner requeues the jobs a stopped process left running (``store.recover``), then
+``workers`` asyncio tasks each claim the oldest queued job, rebuild its request
+(:meth:`RequestSpec.from_json`) and run it through ``execute`` (the server's own path: the
+same trust rules as an interactive request), with its outputs under
+``<output_dir>/jobs/<job id>/``. While a job runs, its progress (patches done out of all, from
+``progress``) is written to the store every :data:`POLL_S` seconds; a job the store says is no
+longer the worker's (dismissed) is cancelled in the engine and its directory removed. A job
+ends ``successful`` with its results (each output kind's file name, media type and size) or
+``failed`` with an OGC exception body. Every :data:`EXPIRE_EVERY_S` the finished jobs older
+than ``ttl_s`` are removed with their directories.
+
+A job's stored spec holds what the client gave: paths and URLs as named (the server vets them
+again when the job runs), and for inputs sent inline, the names of the files written into the
+job's directory when it was submitted (``job_files``); the runner reads those files of the
+job's own directory only. This module imports nothing from the web layer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+import shutil
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Any
+
+from geoserve.engine.request_spec import RequestSpec
+from geoserve.errors import GeoServeError, InputError
+from geoserve.jobs.store import Job, JobStore, is_job_id
+from geoserve.raster.input_values import NamedBytes
+from geoserve.schemas import ImageRequestOutput
+
+logger = logging.getLogger(__name__)
+
+#: How often a running job's progress is written to the store (and its dismissal noticed).
+POLL_S = 0.5
+#: How often finished jobs past their time to live are removed.
+EXPIRE_EVERY_S = 60.0
+#: How often an idle worker looks for a queued job.
+IDLE_S = 0.2
+#: A job started this many times (each start interrupted by a stop) is failed, not requeued.
+MAX_ATTEMPTS = 3
+#: How much lower than interactive requests a job runs (the scheduler runs lower first).
+JOB_PRIORITY = 100
+
+_FILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+#: ``execute(spec, job_dir)``: run a job's request, outputs in ``job_dir``, as the server does.
+Execute = Callable[[RequestSpec, Path], Coroutine[Any, Any, ImageRequestOutput]]
+#: ``item(job, result, directory)``: write the job's STAC Item into ``directory``; its name.
+WriteItem = Callable[[Job, ImageRequestOutput, Path], str]
+#: ``error_json(exc)``: the OGC exception body of a failed job.
+ErrorJson = Callable[[BaseException], dict[str, Any]]
+
+_MEDIA = {
+    ".tif": "image/tiff; application=geotiff",
+    ".gpkg": "application/geopackage+sqlite3",
+    ".geojson": "application/geo+json",
+    ".parquet": "application/vnd.apache.parquet",
+}
+
+
+def media_type(name: str) -> str:
+    """The media type of an output file, by its suffix."""
+    return _MEDIA.get(Path(name).suffix.lower(), "application/octet-stream")
+
+
+def job_dir(output_dir: Path, job_id: str) -> Path:
+    """A job's own directory, ``<output_dir>/jobs/<job id>`` (the id checked first)."""
+    if not is_job_id(job_id):
+        raise InputError("not a job id")
+    return output_dir / "jobs" / job_id
+
+
+def remove_job_dir(output_dir: Path, job_id: str) -> None:
+    """Remove a job's directory and everything in it (missing is fine)."""
+    shutil.rmtree(job_dir(output_dir, job_id), ignore_errors=True)
+
+
+_INPUTS_DIR = re.compile(r"in-[0-9a-f]{32}")
+
+
+def inputs_dir(output_dir: Path, job: Job) -> Path | None:
+    """The directory of the inputs a job was sent inline (``job_files``), if it has one."""
+    name = job.spec.get("job_files")
+    if name is None:
+        return None
+    if not isinstance(name, str) or not _INPUTS_DIR.fullmatch(name):
+        raise InputError("a job's input directory is not one this server makes")
+    return output_dir / "jobs" / name
+
+
+def remove_inputs(output_dir: Path, job: Job) -> None:
+    """Remove the files a job's inputs were sent as (no longer needed once it ended)."""
+    with contextlib.suppress(InputError):
+        directory = inputs_dir(output_dir, job)
+        if directory is not None:
+            shutil.rmtree(directory, ignore_errors=True)
+
+
+def job_inputs(spec: RequestSpec, directory: Path) -> RequestSpec:
+    """A spec whose inputs name files of the job's ``directory``, with those files' bytes."""
+
+    def read(name: Any) -> NamedBytes:
+        if not isinstance(name, str) or not _FILE_NAME.fullmatch(name):
+            raise InputError(f"job input {str(name)[:60]!r} is not a file of the job")
+        return NamedBytes((directory / name).read_bytes(), name)
+
+    given: Any = spec.inputs
+    if isinstance(given, dict):
+        inputs: Any = {k: [read(x) for x in v] for k, v in given.items()}
+    else:
+        inputs = [read(x) for x in given]
+    return RequestSpec.of(spec, inputs=inputs, data_format="bytes")
+
+
+class JobRunner:
+    """Runs the store's queued jobs in ``workers`` asyncio tasks (see the module docstring)."""
+
+    def __init__(
+        self,
+        store: JobStore,
+        output_dir: Path,
+        execute: Execute,
+        progress: Callable[[str], tuple[int, int] | None],
+        error_json: ErrorJson,
+        *,
+        workers: int = 1,
+        ttl_s: float = 86400.0,
+        item: WriteItem | None = None,
+    ) -> None:
+        self.store = store
+        self.output_dir = output_dir
+        self._execute = execute
+        self._progress = progress
+        self._error_json = error_json
+        self.workers = workers
+        self.ttl_s = ttl_s
+        self._item = item
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def start(self) -> None:
+        """Requeue what a stopped process left running, then start the workers."""
+        recovered = await asyncio.to_thread(self.store.recover, MAX_ATTEMPTS)
+        for job in recovered:
+            logger.info("job %s recovered as %s", job.job_id, job.status)
+        self._tasks = [
+            asyncio.create_task(self._worker(), name=f"geoserve-job-{i}")
+            for i in range(self.workers)
+        ]
+        self._tasks.append(asyncio.create_task(self._expirer(), name="geoserve-job-expiry"))
+
+    async def stop(self) -> None:
+        """Stop the workers; a job they were running stays ``running`` until the next start."""
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks = []
+
+    async def _worker(self) -> None:
+        while True:
+            try:
+                job = await asyncio.to_thread(self.store.claim_next)
+            except Exception:
+                logger.exception("claiming a job failed")
+                job = None
+            if job is None:
+                await asyncio.sleep(IDLE_S)
+                continue
+            try:
+                await self.run_job(job)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # (run_job records failures; this guards its own bugs)
+                logger.exception("job %s: the runner failed", job.job_id)
+
+    async def _expirer(self) -> None:
+        while True:
+            try:
+                for job in await asyncio.to_thread(self.store.expire, self.ttl_s):
+                    remove_job_dir(self.output_dir, job.job_id)
+                    remove_inputs(self.output_dir, job)
+            except Exception:
+                logger.exception("expiring jobs failed")
+            await asyncio.sleep(EXPIRE_EVERY_S)
+
+    async def run_job(self, job: Job) -> None:
+        """Run one claimed job to its end (successful, failed, or dismissed meanwhile)."""
+        try:
+            await self._run_job(job)
+        finally:
+            current = await asyncio.to_thread(self.store.get, job.job_id)
+            if current.is_final:
+                remove_inputs(self.output_dir, job)
+
+    async def _run_job(self, job: Job) -> None:
+        directory = job_dir(self.output_dir, job.job_id)
+        try:
+            stored = dict(job.spec)
+            stored.pop("job_files", None)
+            spec = RequestSpec.from_json(stored)
+            files = inputs_dir(self.output_dir, job)
+            if files is not None:
+                spec = job_inputs(spec, files)
+            spec = RequestSpec.of(
+                spec, request_id=job.job_id, priority=JOB_PRIORITY + max(0, spec.priority)
+            )
+        except (GeoServeError, OSError) as exc:
+            await asyncio.to_thread(self.store.fail, job.job_id, self._error_json(exc))
+            return
+        # a re-run (after a stop mid-job) starts from an empty directory: nothing half-written
+        shutil.rmtree(directory, ignore_errors=True)
+        directory.mkdir(parents=True, exist_ok=True)
+        task = asyncio.create_task(self._execute(spec, directory))
+        mine = True
+        while mine and not task.done():
+            await asyncio.wait({task}, timeout=POLL_S)
+            if task.done():
+                break
+            counted = self._progress(job.job_id)
+            percent = 0 if not counted or not counted[1] else 100 * counted[0] // counted[1]
+            mine = await asyncio.to_thread(self.store.progress, job.job_id, min(percent, 99))
+        if not mine:  # dismissed: drop its work in the engine and what it wrote
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+            remove_job_dir(self.output_dir, job.job_id)
+            return
+        try:
+            result = task.result()
+            if result.error is not None:
+                raise result.error
+        except Exception as exc:
+            await asyncio.to_thread(self.store.fail, job.job_id, self._error_json(exc))
+            self._remove_outputs(directory)
+            return
+        results: dict[str, Any] = {"outputs": self.describe(result, directory)}
+        if self._item is not None:
+            try:
+                results["item"] = await asyncio.to_thread(self._item, job, result, directory)
+            except Exception:  # (the outputs stand without their description)
+                logger.exception("job %s: writing its STAC Item failed", job.job_id)
+        if not await asyncio.to_thread(self.store.finish, job.job_id, results):
+            remove_job_dir(self.output_dir, job.job_id)
+
+    @staticmethod
+    def describe(result: ImageRequestOutput, directory: Path) -> dict[str, Any]:
+        """Each output kind's file (a name in ``directory``), media type and size."""
+        outputs: dict[str, Any] = {}
+        for kind, out in result.outputs_by_kind.items():
+            if out.path is None:
+                continue
+            path = Path(out.path)
+            outputs[kind] = {
+                "file": path.name,
+                "media_type": media_type(path.name),
+                "size": path.stat().st_size,
+            }
+        return outputs
+
+    @staticmethod
+    def _remove_outputs(directory: Path) -> None:
+        """A failed job keeps no partial outputs (its input files stay, for the record)."""
+        for path in directory.glob("out*"):
+            path.unlink(missing_ok=True)

@@ -1,0 +1,139 @@
+"""The server's job store and :class:`~geoserve.jobs.runner.JobRunner`, opened with the app.
+
+Jobs need ``--output-dir``: the store is ``job_store`` (default
+``<output_dir>/jobs.sqlite3``) and each job's outputs go under ``<output_dir>/jobs/<job id>/``.
+Without an output directory there is no store and the job routes say jobs are off. The runner
+starts once the model has loaded, so no job runs against an engine that is not there yet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from geoserve.engine.async_engine import AsyncEngine
+from geoserve.engine.request_spec import RequestSpec
+from geoserve.jobs import Job, JobStore, open_job_store
+from geoserve.jobs.runner import Execute, JobRunner
+from geoserve.schemas import ImageOutput, ImageRequestOutput
+from geoserve.server.errors import ogc_exception
+from geoserve.server.settings import ServerSettings
+
+logger = logging.getLogger("geoserve.server")
+
+#: The default job store, a SQLite file in the output directory.
+DEFAULT_STORE = "jobs.sqlite3"
+
+
+class JobService:
+    """Opens the store at start-up, runs its jobs once the engine is ready, closes both."""
+
+    def __init__(
+        self, settings: ServerSettings, ready_engine: Callable[[], AsyncEngine], execute: Execute
+    ) -> None:
+        self.settings = settings
+        self._ready_engine = ready_engine
+        self._execute = execute
+        self.store: JobStore | None = None
+        self.runner: JobRunner | None = None
+
+    def current(self) -> JobStore | None:
+        """The store, opened (made) on first use; ``None``: jobs are off."""
+        if self.store is None and self.settings.output_dir is not None:
+            self.store = self._open()
+        return self.store
+
+    def _open(self) -> JobStore:
+        out = self.settings.output_dir
+        assert out is not None
+        (out / "jobs").mkdir(parents=True, exist_ok=True)
+        return open_job_store(self.settings.job_store or out / DEFAULT_STORE)
+
+    async def open(self) -> None:
+        """Open the store at start-up if there is one already or one is named.
+
+        Else it is made when the first job comes: an output directory that never sees a job
+        holds none of its files.
+        """
+        out = self.settings.output_dir
+        if out is None:
+            return
+        if self.settings.job_store is not None or (out / DEFAULT_STORE).exists():
+            self.store = await asyncio.to_thread(self._open)
+
+    async def start_when_ready(self, state: dict[str, Any]) -> None:
+        """Start the runner once the model has loaded (never if it failed to load)."""
+        if self.settings.output_dir is None:
+            return
+        while state["engine"] is None:
+            if state["load_error"] is not None:
+                return
+            await asyncio.sleep(0.05)
+        while self.store is None:  # (made when the first job comes)
+            await asyncio.sleep(0.2)
+        eng: AsyncEngine = state["engine"]
+        self.runner = JobRunner(
+            self.store,
+            self.settings.output_dir,
+            self._execute,
+            eng.progress,
+            ogc_exception,
+            workers=self.settings.job_workers,
+            ttl_s=self.settings.job_ttl_s,
+            item=functools.partial(write_job_item, eng),
+        )
+        await self.runner.start()
+
+    async def close(self) -> None:
+        """Stop the runner (jobs it ran stay ``running``, re-run at the next start) and store."""
+        if self.runner is not None:
+            await self.runner.stop()
+        if self.store is not None:
+            await asyncio.to_thread(self.store.close)
+
+
+#: The name of a finished job's STAC Item in its directory.
+ITEM_NAME = "item.json"
+
+
+def write_job_item(eng: AsyncEngine, job: Job, result: ImageRequestOutput, directory: Path) -> str:
+    """Write a finished job's STAC Item (``item.json``) beside its outputs; its name.
+
+    Asset hrefs are relative (``out.tif``): beside the Item's own download URL they are the
+    outputs' download URLs. Inputs are named as the client gave them (a path or URL); one sent
+    inline is ``inline:<n>``, never a file of the server.
+    """
+    from geoserve.stac_result import model_info, request_options, result_item, write_item
+
+    stored = {k: v for k, v in job.spec.items() if k != "job_files"}
+    inline = "job_files" in job.spec
+
+    def named(value: Any, i: int) -> str:
+        return f"inline:{i}" if inline else str(value)
+
+    given = stored.get("inputs")
+    inputs: Any
+    if isinstance(given, dict):
+        inputs = {k: [named(x, i) for i, x in enumerate(v)] for k, v in given.items()}
+    else:
+        inputs = [named(x, i) for i, x in enumerate(given or [])]
+    options = request_options(RequestSpec.from_json({**stored, "data_format": "auto"}))
+
+    def href(kind: str, output: ImageOutput) -> str:
+        assert output.path is not None
+        return Path(output.path).name
+
+    item = result_item(
+        result,
+        model=model_info(eng.engine),
+        inputs=inputs,
+        options=options,
+        item_id=job.job_id,
+        hrefs=href,
+    )
+    write_item(item, directory / ITEM_NAME)
+    return ITEM_NAME

@@ -1,0 +1,183 @@
+"""OGC API - Processes (Part 1: Core 1.0) under ``/ogcapi``, over the same jobs as ``/v1/jobs``.
+
+``GET /ogcapi`` (landing page), ``/ogcapi/conformance``, ``/ogcapi/processes``,
+``/ogcapi/processes/{processId}``, ``POST /ogcapi/processes/{processId}/execution`` and the
+job routes under ``/ogcapi/jobs`` (:class:`~geoserve.server.job_routes.JobRoutes`). An
+execution with ``Prefer: respond-async`` answers 201 with the job's status and
+``Location: /ogcapi/jobs/{jobId}``; without it the server runs the same job and answers with
+its results (outputs by reference) once it ends, or the job's status with 201 if it is still
+running when the request's time (``request_timeout_s``) is up. Errors are the standard's
+exception bodies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+from geoserve.engine.async_engine import AsyncEngine
+from geoserve.engine.request_spec import RequestSpec
+from geoserve.errors import InputError, NotFoundError
+from geoserve.jobs import SUCCESSFUL, JobStore
+from geoserve.raster.source import DataFormat
+from geoserve.server.job_routes import JobRoutes, status_info
+from geoserve.server.ogc_documents import (
+    CONFORMANCE,
+    landing,
+    process_description,
+    process_summary,
+)
+from geoserve.server.settings import ServerSettings
+
+PREFIX = "/ogcapi"
+_INPUTS = frozenset({"image", "output_kind", "bands", "dates"})
+_SYNC_POLL_S = 0.1
+
+
+def _scene(value: Any, where: str) -> tuple[str, DataFormat]:
+    """One scene of an execution's ``image``: its text and how it is read."""
+    if isinstance(value, dict) and "qualifiedValue" in value:
+        value = value["qualifiedValue"]
+    if isinstance(value, dict) and isinstance(value.get("href"), str):
+        href: str = value["href"]
+        return href, "url" if href.lower().startswith(("http://", "https://")) else "path"
+    if isinstance(value, dict) and isinstance(value.get("value"), str):
+        return value["value"], "b64"
+    raise InputError(f"{where}: give a scene as {{'href': URL or path}} or {{'value': base64}}")
+
+
+def spec_of(inputs: Any) -> RequestSpec:
+    """An execution's ``inputs`` as a request (every scene read one way: URL, path or base64)."""
+    if not isinstance(inputs, dict):
+        raise InputError("inputs: a JSON object of input name to value is needed")
+    unknown = sorted(set(inputs) - _INPUTS)
+    if unknown:
+        raise InputError(f"inputs: unknown input {unknown[0][:60]!r}; known: {sorted(_INPUTS)}")
+    if "image" not in inputs:
+        raise InputError("inputs: 'image' (the scene to run) is required")
+    image = inputs["image"]
+    formats: set[str] = set()
+
+    def scene(value: Any, where: str) -> str:
+        text, fmt = _scene(value, where)
+        formats.add(fmt)
+        return text
+
+    data: Any
+    if isinstance(image, list):
+        data = [scene(v, f"image[{i}]") for i, v in enumerate(image)]
+    elif isinstance(image, dict) and not ({"href", "value", "qualifiedValue"} & set(image)):
+        data = {
+            str(k): [scene(x, f"image[{k!r}]") for x in (v if isinstance(v, list) else [v])]
+            for k, v in image.items()
+        }
+    else:
+        data = scene(image, "image")
+    if len(formats) > 1:
+        raise InputError("image: give every scene the same way (all URLs, paths or base64)")
+    kinds = inputs.get("output_kind")
+    bands = inputs.get("bands")
+    for name, value in (("output_kind", kinds), ("bands", bands)):
+        if value is not None and not isinstance(value, (str, list)):
+            raise InputError(f"inputs.{name}: a string or a list")
+    return RequestSpec(
+        data,
+        data_format=next(iter(formats)),  # type: ignore[arg-type]
+        output_kind=kinds,
+        bands=[bands] if isinstance(bands, (str, int)) else bands,
+        dates=inputs.get("dates"),
+    )
+
+
+class OgcRoutes:
+    """The ``/ogcapi`` routes (see the module docstring)."""
+
+    def __init__(
+        self,
+        settings: ServerSettings,
+        store: Callable[[], JobStore | None],
+        ready_engine: Callable[[], AsyncEngine],
+    ) -> None:
+        self.settings = settings
+        self._store = store
+        self._ready_engine = ready_engine
+        self.jobs = JobRoutes(settings, store, ready_engine, prefix=PREFIX + "/jobs")
+
+    def register(self, app: FastAPI) -> None:
+        """Add the routes."""
+        w = self.jobs.wrap
+        app.add_api_route(PREFIX, w(self.landing), methods=["GET"])
+        app.add_api_route(PREFIX + "/conformance", w(self.conformance), methods=["GET"])
+        app.add_api_route(PREFIX + "/processes", w(self.processes), methods=["GET"])
+        app.add_api_route(PREFIX + "/processes/{process_id}", w(self.process), methods=["GET"])
+        app.add_api_route(
+            PREFIX + "/processes/{process_id}/execution", w(self.execute), methods=["POST"]
+        )
+        self.jobs.register(app, submit=False)
+
+    @staticmethod
+    def _base(request: Request) -> str:
+        return str(request.base_url).rstrip("/") + PREFIX
+
+    def _check_process(self, process_id: str) -> None:
+        if process_id != self.settings.model:
+            raise NotFoundError(
+                f"no such process {process_id[:80]!r}; this server runs {self.settings.model!r}"
+            )
+
+    async def landing(self, request: Request) -> Response:
+        """GET /ogcapi: the landing page."""
+        on = self._store() is not None and self.settings.output_dir is not None
+        return JSONResponse(landing(self._base(request), on))
+
+    async def conformance(self, request: Request) -> Response:
+        """GET /ogcapi/conformance."""
+        return JSONResponse({"conformsTo": CONFORMANCE})
+
+    async def processes(self, request: Request) -> Response:
+        """GET /ogcapi/processes: the one process, the served model."""
+        base = self._base(request)
+        summary = process_summary(self.settings.model, base)
+        links = [{"href": f"{base}/processes", "rel": "self", "type": "application/json"}]
+        return JSONResponse({"processes": [summary], "links": links})
+
+    async def process(self, request: Request, process_id: str) -> Response:
+        """GET /ogcapi/processes/{processId}: its inputs and outputs."""
+        self._check_process(process_id)
+        eng = self._ready_engine()
+        return JSONResponse(process_description(self.settings.model, self._base(request), eng))
+
+    async def execute(self, request: Request, process_id: str) -> Response:
+        """POST .../execution: a job; async with ``Prefer: respond-async``, else awaited."""
+        self._check_process(process_id)
+        store = self.jobs.store()
+        try:
+            body = json.loads(await request.body())
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            raise InputError("the execute request must be a JSON object") from None
+        if not isinstance(body, dict):
+            raise InputError("the execute request must be a JSON object")
+        job = await self.jobs.create_job(spec_of(body.get("inputs")))
+        info = status_info(job, self.jobs.base(request))
+        location = {"Location": info["links"][0]["href"]}
+        if "respond-async" in request.headers.get("prefer", ""):
+            return JSONResponse(info, 201, headers=location)
+        deadline = time.monotonic() + self.settings.request_timeout_s
+        while time.monotonic() < deadline:
+            job = await asyncio.to_thread(store.get, job.job_id)
+            if job.is_final:
+                break
+            await asyncio.sleep(_SYNC_POLL_S)
+        if not job.is_final:
+            return JSONResponse(status_info(job, self.jobs.base(request)), 201, headers=location)
+        if job.status != SUCCESSFUL:
+            error = job.error or {"status": 500, "title": "failed", "detail": job.message}
+            status = error.get("status")
+            return JSONResponse(error, status if isinstance(status, int) else 500)
+        return await self.jobs.results(request, job.job_id)
