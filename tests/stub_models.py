@@ -16,6 +16,7 @@ from geoserve import (
     RawReassembler,
     SegmentationReassembler,
 )
+from geoserve.models.steps import SteppedModel, noise_field
 
 BOX_RADIUS = 3
 #: Models made to refuse their own dummy input (error-message tests), not run on it.
@@ -197,3 +198,48 @@ class RolesIdentity(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x
+
+
+#: What ``test-steps`` adds to its noise over its steps: 1 + 2 + 3.
+STEPS_ADDED = 6.0
+
+
+@MODEL_REGISTRY.register_model("test-steps")
+@INPUT_REGISTRY.register_input_processor(GeoTiffPatcher(patch_size=16, stride=12, blend="mean"))
+@OUTPUT_REGISTRY.register_output_processor(RawReassembler())
+class NoisySteps(SteppedModel):
+    """A stepped model: a "draw" step, then three "add" steps; returns its input (exactly) and
+    one more band: the request's scene noise field plus each step's index (1 + 2 + 3).
+
+    A patch whose input holds a value above 1e5 makes the step at index 2 raise. ``calls``
+    records every step: (kind, step indices, seeds, origins); ``live_max`` the most patches
+    started and not finished at once.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[str, list[int], list[int], list[tuple[int, int]]]] = []
+        self._live: set[tuple[int, int, int]] = set()
+        self.live_max = 0
+
+    def plan(self) -> tuple[str, ...]:
+        return ("draw", "add", "add", "add")
+
+    def step(self, kind, state, index, **kwargs):  # type: ignore[no-untyped-def]
+        seeds, origins = state["seed"].tolist(), [tuple(o) for o in state["origin"].tolist()]
+        self.calls.append((kind, index.tolist(), seeds, origins))
+        x = state["x"]
+        if kind == "draw":
+            p = x.shape[-1]
+            z = [noise_field(s, 0, o, (1, p, p)) for s, o in zip(seeds, origins, strict=True)]
+            self._live.update((s, *o) for s, o in zip(seeds, origins, strict=True))
+            self.live_max = max(self.live_max, len(self._live))
+            return {**state, "z": torch.stack(z).to(x.device)}
+        if bool(((x > 1e5).flatten(1).any(1) & (index == 2)).any()):
+            raise RuntimeError("a poisoned patch at step 2")
+        return {**state, "z": state["z"] + index.view(-1, 1, 1, 1).to(x.dtype)}
+
+    def finish(self, state, **kwargs):  # type: ignore[no-untyped-def]
+        for s, o in zip(state["seed"].tolist(), state["origin"].tolist(), strict=True):
+            self._live.discard((s, *o))
+        return torch.cat([state["x"], state["z"]], dim=1)

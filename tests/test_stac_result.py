@@ -240,6 +240,7 @@ def test_request_options_leave_out_inputs_paths_and_ids():
         "bands": [1, 2],
         "output_kind": ["classes", "confidence"],
         "priority": 0,
+        "seed": 0,
         "dates": ["2020-06-01", None],
     }
 

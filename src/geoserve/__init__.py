@@ -5,6 +5,7 @@ Public API::
     from geoserve import Engine, EngineConfig
     out = Engine("ndwi-water").generate_image("scene.tif", output_path="water.tif")
     engine = Engine("demo-water", EngineConfig(max_batch_patches=32, cog=True))
+    paths = Client("http://127.0.0.1:8000").run("scene.tif", "out")  # on a server, as a job
 
 The names below are imported when first used, so ``import geoserve`` (and the command line's
 ``--help``, ``info`` and argument errors) do not pay for importing torch.
@@ -16,6 +17,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # (the redundant aliases mark them as re-exported)
+    from geoserve.client import Client as Client
     from geoserve.config import EngineConfig as EngineConfig
     from geoserve.engine import Engine as Engine
     from geoserve.engine import RequestSpec as RequestSpec
@@ -38,6 +40,7 @@ __version__ = "0.1.0"
 
 #: public name -> the module that defines it
 _HOMES = {
+    "Client": "geoserve.client",
     "Engine": "geoserve.engine",
     "RequestSpec": "geoserve.engine",
     "EngineConfig": "geoserve.config",

@@ -162,6 +162,49 @@ class RequestAbortedError(GeoServeError, RuntimeError):
     """
 
 
+class ServerError(GeoServeError, RuntimeError):
+    """Raised by :class:`geoserve.Client` when a server answers with an error.
+
+    The message names the method, the URL, the status and the server's own message;
+    ``status`` holds the HTTP status (``None`` when no answer came).
+    """
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class ServerUnreachableError(ServerError, ConnectionError):
+    """Raised when a server cannot be reached (refused, timed out, a broken connection)."""
+
+
+class ServerAuthError(ServerError, PermissionError):
+    """Raised when a server refuses the API key (missing or wrong: HTTP 401)."""
+
+
+class UntrustedAnswerError(ServerError):
+    """Raised when a server's answer is refused unread.
+
+    A malformed job id, a link to another host, a file name with a path in it, a download
+    larger than the server said, a redirect.
+    """
+
+
+class JobFailedError(GeoServeError, RuntimeError):
+    """Raised when a job ended ``failed``; the message is the server's.
+
+    ``error`` holds its OGC exception body (``type``, ``title``, ``status``, ``detail``).
+    """
+
+    def __init__(self, message: str, error: dict[str, object] | None = None) -> None:
+        super().__init__(message)
+        self.error = error
+
+
+class JobDismissedError(JobFailedError):
+    """Raised when a job was dismissed before it finished (or its results were withdrawn)."""
+
+
 class GeoServeWarning(UserWarning):
     """Root of geoserve's warnings."""
 

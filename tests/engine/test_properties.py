@@ -243,35 +243,40 @@ def test_engine_close_releases_pending_requests(make_geotiff):
     assert not engine.has_unfinished()
 
 
-def test_priority_lower_first_then_arrival(make_geotiff):
-    paths = [make_geotiff(bands=3, height=16, width=16) for _ in range(3)]
-    engine = Engine("identity", patch_size=16, stride=16, blend="none", max_batch_patches=1)
-    order = []
-    ids = {
-        engine.add_request(paths[0], out_format="tensor", priority=5): "late",
-        engine.add_request(paths[1], out_format="tensor", priority=0): "first",
-        engine.add_request(paths[2], out_format="tensor", priority=5): "later",
-    }
+def _scheduled_order(engine: Engine, seen: list[torch.Tensor], names: dict[int, str]) -> list[str]:
+    """Whose patch each forward pass ran, in order: each request's pixels hold its own value."""
+    list(engine.run_until_done())
+    return [names[int(batch.flatten()[0])] for batch in seen]
+
+
+# Priority decides the order patches enter the model; results are then committed on writer
+# threads, so the order they are *returned* in is the order their commits finished.
+def test_priority_lower_first_then_arrival(make_geotiff, spy_model, monkeypatch):
+    monkeypatch.setenv("GEOSERVE_TEST_SLOW", "0")  # (an identity that would sleep)
+    paths = [make_geotiff(data=np.full((3, 16, 16), v, np.uint16)) for v in (1, 2, 3)]
+    model, seen = spy_model("test-slow")
+    engine = Engine(model, max_batch_patches=1)
+    seen.clear()  # the warm-up pass
+    engine.add_request(paths[0], out_format="tensor", priority=5)
+    engine.add_request(paths[1], out_format="tensor", priority=0)
+    engine.add_request(paths[2], out_format="tensor", priority=5)
     assert engine.queued_patches == 3
-    for result in engine.run_until_done():
-        order.append(ids[result.request_id])
+    order = _scheduled_order(engine, seen, {1: "late", 2: "first", 3: "later"})
     assert order == ["first", "late", "later"]
     assert engine.queued_patches == 0
 
 
-def test_priority_holds_while_the_first_in_line_is_still_being_read(make_geotiff):
+def test_priority_holds_while_the_first_in_line_is_still_being_read(make_geotiff, spy_model):
     """A request first in line keeps its turn while its row is read, rather than being
     overtaken by requests whose rows happened to be read sooner."""
-    paths = [make_geotiff(bands=3, height=16, width=16) for _ in range(3)]
-    engine = Engine("test-slow-read", max_batch_patches=1)
-    order = []
-    ids = {
-        engine.add_request(paths[0], out_format="tensor", priority=5): "late",
-        engine.add_request(paths[1], out_format="tensor", priority=0): "first",
-        engine.add_request(paths[2], out_format="tensor", priority=5): "later",
-    }
-    for result in engine.run_until_done():
-        order.append(ids[result.request_id])
+    paths = [make_geotiff(data=np.full((3, 16, 16), v, np.uint16)) for v in (1, 2, 3)]
+    model, seen = spy_model("test-slow-read")
+    engine = Engine(model, max_batch_patches=1)
+    seen.clear()
+    engine.add_request(paths[0], out_format="tensor", priority=5)
+    engine.add_request(paths[1], out_format="tensor", priority=0)
+    engine.add_request(paths[2], out_format="tensor", priority=5)
+    order = _scheduled_order(engine, seen, {1: "late", 2: "first", 3: "later"})
     assert order == ["first", "late", "later"]
 
 

@@ -110,7 +110,9 @@ def test_unstorable_inputs_are_refused_naming_the_field():
 @pytest.mark.parametrize(
     ("stored", "message"),
     [
-        ({"inputs": ["a.tif"], "seed": 1}, "unknown field 'seed'"),
+        ({"inputs": ["a.tif"], "temperature": 1}, "unknown field 'temperature'"),
+        ({"inputs": ["a.tif"], "seed": "1"}, "'seed' must be an integer"),
+        ({"inputs": ["a.tif"], "seed": -1}, "'seed' must be from 0"),
         ({"output_path": "x"}, "no 'inputs'"),
         ({"inputs": "a.tif"}, "inputs must be a list"),
         ({"inputs": [{"bytes": "not base64!"}]}, r"inputs\[0\]: 'bytes' must be base64 text"),

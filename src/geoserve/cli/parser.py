@@ -155,6 +155,21 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="GPUs per Ray actor (default 0; 1 = one engine per GPU)",
     )
+    remote = p.add_argument_group(
+        "a geoserve server (see docs/serving.md, Jobs); the model and its engine options are "
+        "the server's"
+    )
+    remote.add_argument(
+        "--server",
+        metavar="URL",
+        help="run the requests on this server as jobs (http://HOST:PORT): the inputs are "
+        "uploaded, the outputs downloaded to where a local run writes them",
+    )
+    remote.add_argument(
+        "--api-key",
+        metavar="KEY",
+        help="the server's API key (default: the GEOSERVE_API_KEY environment variable)",
+    )
     p.add_argument(
         "--quicklook",
         metavar="PNG",

@@ -1,5 +1,8 @@
 """``geoserve predict``: run a model on GeoTIFFs here (or on a Ray cluster), write GeoTIFFs.
 
+With ``--server URL`` the same requests run as jobs of a geoserve server instead
+(:mod:`geoserve.cli.remote`).
+
 Inputs are files (``IN ...``: each a request, or with ``--time-series`` the dates of one) or
 modalities (``-i NAME=SOURCE ...``: together one request, see :mod:`geoserve.cli.multimodal`).
 """
@@ -71,8 +74,44 @@ def cmd_predict(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
     signal.signal(signal.SIGTERM, _interrupt)
     request = _modality_request(args, parser)
     from_file = read_options(args.config, known_keys(EngineConfig))
+    if args.server is not None:  # the same requests as jobs of a geoserve server
+        from geoserve.cli.remote import predict_remote
+
+        return predict_remote(args, parser, request, from_file)
     config = engine_config(args, from_file)
     args.model = model_of(args, from_file.get("model"))
+    settle_output_and_dates(args, parser, config, request)
+    if args.ray:
+        return _predict_on_ray(args, config)
+    labelled = sources_of(request) if request else [(None, name) for name in args.inputs]
+    bad = unreadable_inputs(labelled, config.allowed_formats)
+    if bad and request is not None:
+        return 1  # one request: it cannot run without all its modalities
+    if bad and (args.time_series or len(bad) == len(args.inputs)):
+        if len(args.inputs) > 1 and not args.time_series and not args.quiet:
+            print(f"0 of {len(args.inputs)} inputs done, {len(args.inputs)} failed")
+        return 1  # nothing left to run: don't load the model
+    with _notice(f"loading model {args.model}…", quiet=args.quiet):
+        from geoserve.engine import Engine, resolve_model  # (torch's import: most of the wait)
+
+        if request is None:  # (a dict request's modalities and dates: the processor checks)
+            _check_layout(args, resolve_model(args.model)[1].num_frames)  # before weights load
+        engine = Engine(args.model, config)
+    with engine:  # Ctrl-C closes it: unfinished outputs are removed, never left partial
+        return _predict_all(engine, args, skip=bad, request=request)
+
+
+def settle_output_and_dates(
+    args: argparse.Namespace,
+    parser: argparse.ArgumentParser,
+    config: EngineConfig,
+    request: dict[str, Any] | None,
+) -> None:
+    """Settle where outputs go and the explicit dates (local runs and ``--server`` alike).
+
+    ``args.output``: ``-o``, else the output directory (created); ``args.dates`` parsed: one
+    per input, or with ``-i`` modality -> dates.
+    """
     if args.output is None:
         if config.output_dir is None:
             parser.error("predict: give -o OUT (or --output-dir DIR, or output_dir in --config)")
@@ -90,24 +129,6 @@ def cmd_predict(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
             args.dates = dates_of(args.dates, request)
         else:
             args.dates = request_dates(args.dates.split(","), len(args.inputs), "--dates")
-    if args.ray:
-        return _predict_on_ray(args, config)
-    labelled = sources_of(request) if request else [(None, name) for name in args.inputs]
-    bad = _unreadable_inputs(labelled, config.allowed_formats)
-    if bad and request is not None:
-        return 1  # one request: it cannot run without all its modalities
-    if bad and (args.time_series or len(bad) == len(args.inputs)):
-        if len(args.inputs) > 1 and not args.time_series and not args.quiet:
-            print(f"0 of {len(args.inputs)} inputs done, {len(args.inputs)} failed")
-        return 1  # nothing left to run: don't load the model
-    with _notice(f"loading model {args.model}…", quiet=args.quiet):
-        from geoserve.engine import Engine, resolve_model  # (torch's import: most of the wait)
-
-        if request is None:  # (a dict request's modalities and dates: the processor checks)
-            _check_layout(args, resolve_model(args.model)[1].num_frames)  # before weights load
-        engine = Engine(args.model, config)
-    with engine:  # Ctrl-C closes it: unfinished outputs are removed, never left partial
-        return _predict_all(engine, args, skip=bad, request=request)
 
 
 def model_of(args: argparse.Namespace, in_file: str | None) -> str:
@@ -152,9 +173,7 @@ def _modality_request(
     return request_of(args.modalities)
 
 
-def _unreadable_inputs(
-    inputs: Sequence[tuple[str | None, str]], formats: Sequence[str]
-) -> set[str]:
+def unreadable_inputs(inputs: Sequence[tuple[str | None, str]], formats: Sequence[str]) -> set[str]:
     """The local inputs that cannot be read, reported before the model loads.
 
     ``inputs``: (modality or None, source) pairs. Each is opened once (milliseconds; loading

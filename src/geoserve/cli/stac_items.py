@@ -40,6 +40,28 @@ def plan_items(
     """
     if value is None:
         return {}
+    from geoserve.engine.request_spec import RequestSpec
+    from geoserve.stac_result import request_options
+
+    plans = {}
+    targets = item_targets(value, items, paths)
+    for item, path, when in zip(items, paths, dates, strict=False):
+        assert path is not None
+        options = request_options(RequestSpec(item, dates=when))
+        plans[str(path)] = Planned(targets[str(path)], given_inputs(item), options)
+    return plans
+
+
+def item_targets(
+    value: str | None, items: Sequence[Any], paths: Sequence[Path | None]
+) -> dict[str, Path]:
+    """Request id (its output path) -> where its Item goes; empty without ``--stac-item``.
+
+    Raises:
+        ConfigError: as :func:`plan_items`.
+    """
+    if value is None:
+        return {}
     if value and len(items) > 1:
         raise ConfigError(
             f"--stac-item={value}: one Item names one request, and there are {len(items)}; "
@@ -50,22 +72,17 @@ def plan_items(
             f"--stac-item {value}: the Item's file name must end in .json (write "
             "--stac-item=PATH; --stac-item alone writes it beside the outputs)"
         )
-    from geoserve.engine.request_spec import RequestSpec
-    from geoserve.stac_result import request_options
-
-    plans = {}
-    for item, path, when in zip(items, paths, dates, strict=False):
+    targets = {}
+    for item, path in zip(items, paths, strict=False):
         assert path is not None
         target = Path(value) if value else _beside(path)
-        given = _given(item)
         if target.absolute() == path.absolute():  # (-o out.json: a GeoJSON of polygons)
             raise ConfigError(
                 f"--stac-item: the Item {target} would be the output itself; give --stac-item=PATH"
             )
-        _check_not_an_input(target, given)
-        options = request_options(RequestSpec(item, dates=when))
-        plans[str(path)] = Planned(target, given, options)
-    return plans
+        _check_not_an_input(target, given_inputs(item))
+        targets[str(path)] = target
+    return targets
 
 
 class ItemWriter:
@@ -120,7 +137,7 @@ def _beside(path: Path) -> Path:
     return stem.with_name(f"{stem.name}.json")
 
 
-def _given(item: Any) -> Any:
+def given_inputs(item: Any) -> Any:
     """A request's inputs as the command line gave them: a list, or modality -> list."""
     if isinstance(item, dict):
         return {k: [str(x) for x in (v if isinstance(v, list) else [v])] for k, v in item.items()}

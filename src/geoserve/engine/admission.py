@@ -207,6 +207,7 @@ class Admission:
             cut_on=self.device if self.preprocess == "device" else None,
             stitch_on=self._stitch_device(procs),
             priority=spec.priority,
+            seed=spec.seed,
             more_outputs=more,
             token_size=self.spec.token_size if wants_tokens else None,
             patch_keys=spec.patch_keys,

@@ -27,12 +27,20 @@ if TYPE_CHECKING:
 
 @dataclass
 class Patch:
-    """One queued model input and where its output goes."""
+    """One queued model input and where its output goes.
+
+    ``step`` and ``state``: for a model whose patches take several steps
+    (:class:`geoserve.models.steps.SteppedModel`), the next step's index and the state it
+    starts from (None before the first step).
+    """
 
     request: Request
     row: int
     col: int
     data: ModelInput
+    step: int = 0
+    state: dict[str, torch.Tensor] | None = None
+    seconds: float = 0.0  # model time of its earlier steps
 
 
 @dataclass
@@ -50,6 +58,7 @@ class BatchOutput:
         host_tokens: ``tokens`` copied to the host, when some patch's canvas is there.
         wait_seconds: Time per patch the main thread waited for the device (the host copies).
         span: The forward pass's time on the device (CUDA events; 0 elsewhere).
+        more_steps: The patches took a step and wait for their next (no outputs yet).
     """
 
     patches: list[Patch]
@@ -61,6 +70,7 @@ class BatchOutput:
     host_tokens: NDArray[np.float32] | None = None
     wait_seconds: float = 0.0
     span: transfer.DeviceSpan | None = None
+    more_steps: bool = False
 
 
 @dataclass(frozen=True)

@@ -33,29 +33,19 @@ import torch
 
 from geoserve.config import EngineConfig
 from geoserve.engine.admission import Admission
-from geoserve.engine.limits import MB, default_max_memory
-from geoserve.engine.model_loader import (
-    check_compile_backend,
-    check_device,
-    compiled,
-    load_module,
-    resolve_model,
-)
 from geoserve.engine.output import OutputStage
 from geoserve.engine.patch_cache import remember_all, split_cached
 from geoserve.engine.products import kinds_offered, output_processors
 from geoserve.engine.request import Request
 from geoserve.engine.request_spec import ImageInput, RequestSpec
-from geoserve.engine.runner import ModelRunner
-from geoserve.engine.runner import resolve_dtype as _resolve_dtype
 from geoserve.engine.scheduler import Scheduler
+from geoserve.engine.startup import load_model, make_runner, start_up
+from geoserve.engine.stepping import StepPool
 from geoserve.engine.tensor_request import tensor_procs
-from geoserve.errors import ConfigError, GeoServeError, NotGeoreferencedWarning
+from geoserve.errors import GeoServeError, NotGeoreferencedWarning
 from geoserve.processors.base import OutputProcessor
-from geoserve.processors.embeddings import check_token_tiling
 from geoserve.raster.dates import dates_per_item
-from geoserve.raster.gdal_setup import default_read_workers, limit_gdal_cache
-from geoserve.raster.grid import BlendMode, PatchGrid
+from geoserve.raster.gdal_setup import default_read_workers
 from geoserve.raster.sinks import planned_paths
 from geoserve.raster.source import DataFormat, RasterLike
 from geoserve.registry import ModelSpec
@@ -97,53 +87,15 @@ class Engine:
         self, model: str | ModelSpec, config: EngineConfig | None = None, **overrides: Any
     ) -> None:
         self.config = cfg = EngineConfig.build(config, **overrides)
-        self.device = check_device(cfg.device)
-        if cfg.compile:
-            check_compile_backend(cfg.compile_backend)
-        self.max_request_bytes = (
-            default_max_memory() if cfg.max_request_mb is None else int(cfg.max_request_mb * MB)
-        )
-        self.spec, in_proc, out_proc = resolve_model(model)
-        if cfg.threads is not None:
-            torch.set_num_threads(cfg.threads)
+        loaded = load_model(model, cfg)
+        self.spec, self.device, self.dtype = loaded.spec, loaded.device, loaded.dtype
+        self.max_request_bytes = loaded.max_request_bytes
+        self.in_proc, self._model_out_proc = loaded.in_proc, loaded.model_out_proc
+        self.out_procs = loaded.out_procs
+        self.out_proc = self.out_procs[0]
+        self.runner = make_runner(loaded, cfg)
+        self.model, self.compiled = self.runner.model, cfg.compile
         auto_batch = cfg.max_batch_patches == "auto"
-        try:
-            self.in_proc = in_proc.replace(
-                patch_size=cfg.patch_size,
-                stride=cfg.stride,
-                blend=cfg.blend,
-                bands=tuple(cfg.bands) if cfg.bands is not None else None,
-            )
-        except ConfigError as exc:
-            raise ConfigError(f"model {self.spec.name!r}: {exc}") from exc
-        self.out_proc = self._model_out_proc = out_proc
-        self.out_procs: tuple[OutputProcessor, ...] = (out_proc,)
-        if cfg.output_kind:
-            self.out_procs = self.output_processors(cfg.output_kind)
-            self.out_proc = self.out_procs[0]
-        self.dtype = _resolve_dtype(cfg.dtype)
-        limit_gdal_cache()
-        self.model = load_module(self.spec, cfg, self.device, self.dtype)
-        self.output_processors([p.kind for p in self.out_procs])  # (the model checked too)
-        if self.spec.token_size and any(p.kind in TOKEN_KINDS for p in self.out_procs):
-            size, blend = self.in_proc.patch_size, cast(BlendMode, self.in_proc.blend)
-            grid = PatchGrid(size, size, size, self.in_proc.stride, blend)
-            check_token_tiling(grid, self.spec.token_size)
-        self.compiled = cfg.compile
-        eager = self.model
-        if cfg.compile:  # static shapes: batches are padded to one size (runner.start_up)
-            self.model = compiled(self.model, cfg.compile_backend)
-        self.runner = ModelRunner(
-            self.model,
-            self.spec.name,
-            self.device,
-            self.dtype,
-            compiled=self.compiled,
-            max_batch_patches=1 if auto_batch else cast(int, cfg.max_batch_patches),
-            embedding_layer=cfg.embedding_layer,
-            token_size=self.spec.token_size,
-            eager=eager,
-        )
         preprocess = cfg.preprocess
         if preprocess == "auto":
             preprocess = "device" if self.device.type == "cuda" else "host"
@@ -156,7 +108,8 @@ class Engine:
             if cfg.prefetch and cfg.prefetch_rows > 0
             else None
         )
-        self.scheduler = Scheduler()
+        plan = self.runner.plan
+        self.scheduler = Scheduler(StepPool(plan) if plan is not None else None)
         self.admission = Admission(
             spec=self.spec,
             config=cfg,
@@ -175,7 +128,7 @@ class Engine:
         if cfg.warmup or auto_batch:
             tokens = any(p.kind in TOKEN_KINDS for p in self.out_procs)  # warm them up too
             probe = self.admission.warmup_patch(tokens)
-            self.runner.start_up(probe, self.in_proc, self.out_proc, auto_batch=auto_batch)
+            start_up(self.runner, probe, self.in_proc, self.out_proc, auto_batch=auto_batch)
 
     # -- set-up ------------------------------------------------------------------------------
 
@@ -315,6 +268,8 @@ class Engine:
         for part in self.runner.run(batch):  # in parts when a forward pass fails
             if part.error is not None:
                 sched.fail_batch(part.patches, part.error)
+            elif part.more_steps:  # (a stepped model: they wait for their next step)
+                sched.steps.add(part.patches)  # type: ignore[union-attr]
             else:
                 self.output.stitch(part)
                 remember_all(caches, part)
@@ -368,6 +323,7 @@ class Engine:
         bands: Sequence[int | str] | None = None,
         output_kind: str | Sequence[str] | None = None,
         priority: int = 0,
+        seed: int = 0,
     ) -> ImageRequestOutput | list[ImageRequestOutput]:
         """Run one input, or a list of inputs, to completion.
 
@@ -376,8 +332,9 @@ class Engine:
         ``error`` and do not affect the others. A list item that is itself a list holds the
         dates of one place. For a list, ``output_path`` is a directory.
 
-        ``bands``, ``output_kind`` and ``priority`` are every request's (the
-        :class:`RequestSpec` fields): bands and kinds instead of the engine's. With several
+        ``bands``, ``output_kind``, ``priority`` and ``seed`` are every request's (the
+        :class:`RequestSpec` fields): bands and kinds instead of the engine's; the seed of a
+        generative model's draws. With several
         output kinds each request writes one file per kind (``out/scene`` gives
         ``out/scene_classes.tif``, ...; a directory holds ``<input stem>_<kind>.tif``: see
         :meth:`output_paths` and docs/outputs.md), each in the result's ``outputs_by_kind``.
@@ -407,6 +364,7 @@ class Engine:
             bands=bands,
             output_kind=output_kind,
             priority=priority,
+            seed=seed,
         )
         paths: list[Path | None] = [None] * len(items)
         if out_format == "path" and output_path is not None:

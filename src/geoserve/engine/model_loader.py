@@ -136,3 +136,24 @@ def check_compile_backend(backend: str) -> None:
     known = torch.compiler.list_backends(exclude_tags=())
     if backend not in known:
         raise ConfigError(f"compile_backend: unknown {backend!r}; known: {', '.join(known)}")
+
+
+def resolve_dtype(dtype: torch.dtype | str | None) -> torch.dtype | None:
+    """An autocast dtype from a torch dtype or its name (``"bf16"``, ``"float16"`` ...).
+
+    Raises:
+        ConfigError: an unknown name.
+    """
+    if dtype is None or isinstance(dtype, torch.dtype):
+        return dtype
+    names = {
+        "float32": None,
+        "fp32": None,
+        "bfloat16": torch.bfloat16,
+        "bf16": torch.bfloat16,
+        "float16": torch.float16,
+        "fp16": torch.float16,
+    }
+    if dtype not in names:
+        raise ConfigError(f"invalid dtype {dtype!r}; choose one of {', '.join(names)}")
+    return names[dtype]

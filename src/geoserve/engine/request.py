@@ -92,6 +92,7 @@ class Request:
     cut_on: torch.device | None = None
     stitch_on: torch.device | None = None
     priority: int = 0
+    seed: int = 0  # of a generative model's draws (see geoserve.models.steps)
     arrival: float = field(default_factory=time.monotonic)
     stitched: int = 0
     skipped: int = 0

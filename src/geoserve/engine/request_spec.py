@@ -64,6 +64,7 @@ class ImageOptions(TypedDict, total=False):
     bands: Sequence[int | str] | None
     output_kind: str | Sequence[str] | None
     priority: int
+    seed: int
 
 
 class ModelView(Protocol):
@@ -98,6 +99,9 @@ class RequestSpec:
         output_kind: One kind, several (a sequence, or text separated by commas) from the same
             model pass, or None for the engine's.
         priority: Lower runs first; equal priorities in arrival order.
+        seed: The seed of every random draw of a generative model for this request (each
+            patch's draws derive from it and the patch's place on the scene: see
+            :mod:`geoserve.models.steps`); 0 to 2**63 - 1. One-pass models ignore it.
         dates: The inputs' acquisition dates (ISO strings, ``date`` or ``datetime`` objects),
             one per input (``None`` for one: from its tags or file name); for a dict of
             modalities, a dict of modality name to its dates.
@@ -114,6 +118,7 @@ class RequestSpec:
     bands: Sequence[int | str] | None = None
     output_kind: str | Sequence[str] | None = None
     priority: int = 0
+    seed: int = 0
     dates: Any = None
     patch_keys: PatchKeys | None = field(default=None, compare=False, repr=False)
 
@@ -169,14 +174,20 @@ class RequestSpec:
         dates, a dict of modalities at most :data:`MAX_MODALITY_INPUTS` inputs.
 
         Raises:
-            ConfigError: an invalid out format, bands the model cannot read as given, or an
-                output kind it does not offer (naming the ones it does).
+            ConfigError: an invalid out format or seed, bands the model cannot read as given,
+                or an output kind it does not offer (naming the ones it does).
             InputError: too many inputs (``upfront``), or dates that do not match them.
         """
         if self.out_format not in OUT_FORMATS:
             raise ConfigError(
                 f"invalid out_format {self.out_format!r}; choose one of {', '.join(OUT_FORMATS)}"
             )
+        if (
+            isinstance(self.seed, bool)
+            or not isinstance(self.seed, int)
+            or not (0 <= self.seed < 2**63)
+        ):
+            raise ConfigError(f"seed: an integer from 0 to 2**63 - 1, got {self.seed!r:.40}")
         if upfront:
             self._check_count(engine)
         spec = self.normalised()
@@ -227,6 +238,7 @@ class RequestSpec:
             "bands": None if spec.bands is None else list(spec.bands),
             "output_kind": None if spec.output_kind is None else list(spec.output_kind),
             "priority": spec.priority,
+            "seed": spec.seed,
             "dates": _dates_json(spec.dates),
         }
 
@@ -251,6 +263,9 @@ class RequestSpec:
         else:
             inputs = _restored_list(raw, "inputs")
         path = _field(data, "output_path", str)
+        seed = _field(data, "seed", int) or 0
+        if not 0 <= seed < 2**63:
+            raise InputError("request spec: 'seed' must be from 0 to 2**63 - 1")
         return cls(
             inputs,
             request_id=_field(data, "request_id", str),
@@ -260,6 +275,7 @@ class RequestSpec:
             bands=_items(data, "bands", (int, str)),
             output_kind=_items(data, "output_kind", (str,)),
             priority=_field(data, "priority", int) or 0,
+            seed=seed,
             dates=data.get("dates"),
         ).normalised()
 

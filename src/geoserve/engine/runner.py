@@ -6,11 +6,8 @@ model under ``torch.inference_mode`` (and autocast when a dtype is set), and che
 back: a (B, C, P, P) tensor, or (B, C, T, P, P) turned into T x C bands.
 :meth:`ModelRunner.forward_fitting` splits a batch that runs out of device memory and lowers
 the batch cap. :meth:`ModelRunner.run` isolates a forward pass that raises to the requests
-whose own patches make it fail. Start-up (:meth:`ModelRunner.start_up`):
-:meth:`ModelRunner.warm_up` checks the model against its processors on a dummy patch,
-:meth:`ModelRunner.auto_batch` sizes ``"auto"`` batches; both on the uncompiled module while the
-batch size is still to be found, then a compiled model runs once at the final batch size: one
-graph serves every batch.
+whose own patches make it fail. Its start-up (the warm-up and ``"auto"`` batch sizing) is in
+:mod:`geoserve.engine.startup`.
 
 On the CPU a batch of host patches is copied into a staging buffer reused from batch to batch
 (a fresh ``np.stack`` of tens of MB costs page faults each time). A model may hand back a view
@@ -28,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, cast
 
 import numpy as np
@@ -38,22 +35,17 @@ from numpy.typing import NDArray
 
 from geoserve.engine import transfer
 from geoserve.engine.batch import BatchOutput, Patch
+from geoserve.engine.stepping import forward_step
 from geoserve.errors import (
-    ConfigError,
     GeoServeError,
     ModelExecutionError,
     ModelOutputShapeError,
-    ProcessorMismatchError,
     count,
 )
-from geoserve.processors.base import InputProcessor, OutputProcessor, RasterContext
+from geoserve.models.steps import SteppedModel
+from geoserve.processors.base import RasterContext
 
 logger = logging.getLogger(__name__)
-
-#: ``max_batch_patches="auto"`` on CPU, where larger batches stop paying off early.
-AUTO_CPU_BATCH = 8
-#: Most patches per batch ``"auto"`` picks on a GPU.
-AUTO_MAX_BATCH = 256
 
 
 class ModelRunner:
@@ -95,90 +87,8 @@ class ModelRunner:
         self.compiled = compiled
         self.max_batch_patches = max_batch_patches
         self._staging = transfer.Staging()  # CPU batches, reused (see the module docstring)
-
-    # -- start-up ----------------------------------------------------------------------------
-
-    def start_up(
-        self,
-        patch: Patch,
-        in_proc: InputProcessor,
-        out_proc: OutputProcessor,
-        *,
-        auto_batch: bool,
-    ) -> None:
-        """Warm-up on ``patch``, and with ``auto_batch`` the batch size found first.
-
-        A compiled model compiles one graph: while the batch size is still to be found the
-        check and the memory probe run on the uncompiled module, then the compiled one runs
-        once at the final batch size (every later batch is padded to it).
-
-        Raises:
-            ModelExecutionError, ProcessorMismatchError: the model does not fit its processors.
-        """
-        fits = self.warm_up(patch, in_proc, out_proc, eager=auto_batch)
-        if not auto_batch:
-            return
-        # (a dummy the model refused tells nothing: the CPU default)
-        self.max_batch_patches = self.auto_batch(patch if fits else None)
-        if fits and self.compiled:
-            self.warm_up(patch, in_proc, out_proc)  # the one graph, at the final batch size
-
-    def warm_up(
-        self,
-        patch: Patch,
-        in_proc: InputProcessor,
-        out_proc: OutputProcessor,
-        *,
-        eager: bool = False,
-    ) -> bool:
-        """Run one dummy patch; check the model's output against the output processor.
-
-        ``eager``: on the uncompiled module (compiles nothing). False when the model refuses
-        the dummy but the input processor fixes no band count (the dummy's 3 bands need not
-        be what the model takes): the first request checks it.
-
-        Raises:
-            ModelExecutionError, ProcessorMismatchError: the model does not fit its processors.
-        """
-        try:
-            out, _ = self.forward([patch], eager=eager)
-        except ModelExecutionError as exc:
-            if in_proc.in_channels is None:
-                logger.warning(
-                    "model %r: warm-up skipped; it refused a dummy input of shape %s and its "
-                    "input processor fixes no band count (set bands= on it to check at start-up)",
-                    self.name,
-                    _shape(patch.data),
-                )
-                return False
-            raise ModelExecutionError(f"warm-up on a dummy input: {exc}") from exc
-        want = out_proc.out_channels
-        if want is not None and out.shape[1] != want:
-            raise ProcessorMismatchError(
-                f"model {self.name!r} returns {out.shape[1]} channels but its output "
-                f"processor expects {want}"
-            )
-        return True
-
-    def auto_batch(self, probe: Patch | None) -> int:
-        """The batch size for ``max_batch_patches="auto"`` (see :class:`Engine`).
-
-        ``probe`` is a patch the model takes (None: none known, the CPU default). The probe
-        runs on the uncompiled module: no graph is compiled for its batch size.
-        """
-        if probe is None or self.device.type != "cuda":
-            return AUTO_CPU_BATCH
-        n = 4
-        torch.cuda.synchronize(self.device)
-        base = torch.cuda.memory_allocated(self.device)
-        torch.cuda.reset_peak_memory_stats(self.device)
-        self.forward([probe] * n, eager=True)
-        per_patch = max(1.0, (torch.cuda.max_memory_allocated(self.device) - base) / n)
-        free, _ = torch.cuda.mem_get_info(self.device)
-        fit = int(0.8 * free / per_patch)
-        batch = 1 << max(0, min(fit, AUTO_MAX_BATCH).bit_length() - 1)  # a power of two
-        logger.info("auto batch: %.0f MB per patch, %d patches per batch", per_patch / 1e6, batch)
-        return batch
+        #: A stepped model's step kinds (None: one forward pass per patch).
+        self.plan = self.eager.plan() if isinstance(self.eager, SteppedModel) else None
 
     # -- running batches ---------------------------------------------------------------------
 
@@ -188,7 +98,9 @@ class ModelRunner:
         A forward pass that raises is retried as two halves, down to single patches, so only
         the requests whose own patches make the model fail get an error (a batch of B patches
         with one poisoned patch costs about 2 log2(B) extra passes). Patches whose request
-        failed meanwhile (the caller fails requests between parts) are dropped.
+        failed meanwhile (the caller fails requests between parts) are dropped. For a stepped
+        model the patches that took a step and wait for their next come back as one part
+        with ``more_steps`` set.
         """
         live = [p for p in batch if p.request.error is None]
         for patch in batch:
@@ -203,20 +115,14 @@ class ModelRunner:
         host_tokens: NDArray[np.float32] | None = None
         span = transfer.DeviceSpan(self.device)
         waited = 0.0
+        done: list[Patch] = []
+        pending: list[Patch] = []
         try:
-            out, tokens = self.forward_fitting(batch)
+            out, tokens, done, pending = self._forward_any(batch)
             span.stop(len(batch))
             t1 = time.perf_counter()
-            if any(p.request.canvas.device is None for p in batch):
-                # one copy of the batch back to the host. A host canvas fed by a device model
-                # needs the values now: the one wait for the device that stays in the loop
-                # (both copies started first); on a GPU this is also where an asynchronous
-                # error of the forward pass surfaces, so it is retried like one
-                out_copy = transfer.to_host(out)
-                tokens_copy = transfer.to_host(tokens) if tokens is not None else None
-                host = cast(NDArray[np.float32], out_copy.wait())
-                if tokens_copy is not None:
-                    host_tokens = cast(NDArray[np.float32], tokens_copy.wait())
+            if out is not None and any(p.request.canvas.device is None for p in done):
+                host, host_tokens = _to_host(out, tokens)
             waited = time.perf_counter() - t1
         except Exception as exc:
             if len(batch) == 1:
@@ -228,9 +134,15 @@ class ModelRunner:
         else:
             n = len(batch)
             seconds = (time.perf_counter() - t0 - waited) / n
-            yield BatchOutput(
-                batch, out, host, seconds, None, tokens, host_tokens, waited / n, span
-            )
+            for p in pending:
+                p.seconds += seconds
+            if pending:
+                yield BatchOutput(pending, seconds=seconds, more_steps=True)
+            if done and out is not None:
+                spent = seconds + sum(p.seconds for p in done) / len(done)
+                yield BatchOutput(
+                    done, out, host, spent, None, tokens, host_tokens, waited / n, span
+                )
             return
         if error is not None:
             yield BatchOutput(batch, error=error)
@@ -238,6 +150,21 @@ class ModelRunner:
         half = (len(batch) + 1) // 2
         yield from self.run(batch[:half])
         yield from self.run(batch[half:])
+
+    def _forward_any(
+        self, batch: list[Patch]
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None, list[Patch], list[Patch]]:
+        """A forward pass, or a stepped model's step.
+
+        Returns the outputs, the tokens, the patches they are of, and the patches that wait
+        for their next step.
+        """
+        if self.plan is None:
+            out, tokens = self.forward_fitting(batch)
+            return out, tokens, batch, []
+        stepped, done = self.step_fitting(batch)
+        finished = {id(p) for p in done}
+        return stepped, None, done, [p for p in batch if id(p) not in finished]
 
     def _patch_failed(self, patch: Patch, exc: Exception) -> GeoServeError:
         """The error a forward pass on ``patch`` alone raised, naming the patch's input.
@@ -257,8 +184,40 @@ class ModelRunner:
 
     def forward_fitting(self, batch: list[Patch]) -> tuple[torch.Tensor, torch.Tensor | None]:
         """:meth:`forward`, splitting the batch in two while the device runs out of memory."""
+
+        def join(a: Any, b: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+            (ya, ta), (yb, tb) = a, b
+            tokens = torch.cat([ta, tb]) if ta is not None and tb is not None else None
+            return torch.cat([ya, yb]), tokens
+
+        return cast(
+            tuple[torch.Tensor, torch.Tensor | None], self._fitting(self.forward, batch, join)
+        )
+
+    def step_fitting(self, batch: list[Patch]) -> tuple[torch.Tensor | None, list[Patch]]:
+        """One step of a stepped model, split like :meth:`forward_fitting`.
+
+        See :func:`geoserve.engine.stepping.forward_step`.
+        """
+
+        def join(a: Any, b: Any) -> tuple[torch.Tensor | None, list[Patch]]:
+            parts = [y for y, _ in (a, b) if y is not None]
+            return (torch.cat(parts) if parts else None), a[1] + b[1]
+
+        def one(part: list[Patch]) -> Any:
+            return forward_step(self, part)
+
+        return cast(tuple[torch.Tensor | None, list[Patch]], self._fitting(one, batch, join))
+
+    def _fitting(
+        self, fn: Callable[[list[Patch]], Any], batch: list[Patch], join: Callable[[Any, Any], Any]
+    ) -> Any:
+        """``fn(batch)``; while the device runs out of memory, ``join`` of it on each half.
+
+        The batch cap is lowered to the half.
+        """
         try:
-            return self.forward(batch)
+            return fn(batch)
         except torch.OutOfMemoryError:
             if len(batch) == 1:
                 raise
@@ -272,9 +231,7 @@ class ModelRunner:
             self.max_batch_patches = half
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
-        (a, ta), (b, tb) = self.forward_fitting(batch[:half]), self.forward_fitting(batch[half:])
-        tokens = torch.cat([ta, tb]) if ta is not None and tb is not None else None
-        return torch.cat([a, b]), tokens
+        return join(self._fitting(fn, batch[:half], join), self._fitting(fn, batch[half:], join))
 
     def forward(
         self, batch: list[Patch], *, eager: bool = False
@@ -284,17 +241,8 @@ class ModelRunner:
         With it the encoder's (B, D, P / t, P / t) tokens, when a request of the batch asked
         for them (else None). ``eager``: on the uncompiled module, unpadded.
         """
-        first = batch[0].data
-        x: Any
-        if isinstance(first, Mapping):  # a multimodal model: one batch per modality
-            x = {k: self._stack([p.data[k] for p in batch], k) for k in first}  # type: ignore[call-overload,index]
-        else:
-            x = self._stack([p.data for p in batch], None)  # type: ignore[misc]
-        kwargs: dict[str, Any] = {}
-        for key in batch[0].request.ctx.model_kwargs:
-            vals = np.stack([p.request.ctx.model_kwargs[key] for p in batch])
-            # (from a new pageable array: done with it when `.to` returns, no wait for the GPU)
-            kwargs[key] = torch.from_numpy(vals).to(self.device, non_blocking=True)
+        x = self.inputs(batch)
+        kwargs = self.model_kwargs(batch)
         n = padded = len(batch)
         module = self.eager if eager else self.model
         if self.compiled and not eager and n < self.max_batch_patches:  # one shape: one graph
@@ -305,23 +253,45 @@ class ModelRunner:
         y, tokens = self._call(module, batch, x, kwargs, want_tokens)
         if isinstance(y, tuple | list):
             y = y[0]
+        if isinstance(y, torch.Tensor) and padded != n and y.shape[0] == padded:
+            y = y[:n]  # drop the padding
+        y = self.checked(y, batch, x)
+        if tokens is not None:
+            tokens = self._check_tokens(tokens[:n], batch, x)
+        return y, tokens
+
+    def inputs(self, batch: list[Patch]) -> Any:
+        """The batch's model input on the device: a tensor, or one per modality."""
+        first = batch[0].data
+        if isinstance(first, Mapping):  # a multimodal model: one batch per modality
+            return {k: self._stack([p.data[k] for p in batch], k) for k in first}  # type: ignore[call-overload,index]
+        return self._stack([p.data for p in batch], None)  # type: ignore[misc]
+
+    def model_kwargs(self, batch: list[Patch]) -> dict[str, Any]:
+        """The per-request model arguments (``temporal_coords`` ...), one row per patch."""
+        kwargs: dict[str, Any] = {}
+        for key in batch[0].request.ctx.model_kwargs:
+            vals = np.stack([p.request.ctx.model_kwargs[key] for p in batch])
+            # (from a new pageable array: done with it when `.to` returns, no wait for the GPU)
+            kwargs[key] = torch.from_numpy(vals).to(self.device, non_blocking=True)
+        return kwargs
+
+    def checked(self, y: Any, batch: list[Patch], x: Any) -> torch.Tensor:
+        """The model's output for ``batch``: (B, C_out, P, P) float32, or a clear error."""
         if not isinstance(y, torch.Tensor):
             raise ModelOutputShapeError(
                 f"model {self.name!r} returned {type(y).__name__}, not a tensor"
             )
-        if padded != n and y.shape[0] == padded:
-            y = y[:n]  # drop the padding
+        n = len(batch)
         if y.ndim == 5:  # (B, C, T, H, W): one band per (date, channel)
             y = rearrange(y, "b c t h w -> b (t c) h w")
         p = batch[0].request.ctx.grid.patch_size
         if y.ndim != 4 or y.shape[0] != n or tuple(y.shape[-2:]) != (p, p):
             raise ModelOutputShapeError(
                 f"model {self.name!r} returned shape {tuple(y.shape)} for input "
-                f"{_shape(x)}; expected (batch={n}, channels, {p}, {p})"
+                f"{input_shape(x)}; expected (batch={n}, channels, {p}, {p})"
             )
-        if tokens is not None:
-            tokens = self._check_tokens(tokens[:n], batch, x)
-        return y.float(), tokens
+        return cast(torch.Tensor, y.float())
 
     def _stack(self, datas: list[NDArray[Any] | torch.Tensor], key: str | None) -> torch.Tensor:
         """One batch tensor on the device from host arrays or (already moved) device tensors."""
@@ -361,7 +331,7 @@ class ModelRunner:
         if tokens.ndim != 4 or tokens.shape[0] != len(batch) or tuple(tokens.shape[-2:]) != (p, p):
             raise ModelOutputShapeError(
                 f"model {self.name!r} returned tokens of shape {tuple(tokens.shape)} for input "
-                f"{_shape(x)}; expected (batch={len(batch)}, D, {p}, {p}) for {t}-pixel tokens"
+                f"{input_shape(x)}; expected (batch={len(batch)}, D, {p}, {p}) for {t}-pixel tokens"
             )
         return tokens.float()
 
@@ -371,7 +341,7 @@ class ModelRunner:
         """The model raised: say which model, what it was given and where that came from."""
         names = ", ".join(ctx.band_names)
         return ModelExecutionError(
-            f"model {self.name!r} failed on input of shape {_shape(x)} "
+            f"model {self.name!r} failed on input of shape {input_shape(x)} "
             f"({count(len(ctx.bands), 'band')} from its input processor: {names}): "
             f"{type(exc).__name__}: {exc}"
         )
@@ -383,10 +353,29 @@ class ModelRunner:
         return torch.autocast(device_type=self.device.type, dtype=self.dtype)
 
 
-def _shape(x: Any) -> str:
+def _to_host(
+    out: torch.Tensor, tokens: torch.Tensor | None
+) -> tuple[NDArray[np.float32], NDArray[np.float32] | None]:
+    """One copy of a batch's outputs (and tokens) back to the host.
+
+    A host canvas fed by a device model needs the values now: the one wait for the device
+    that stays in the loop (both copies started first); on a GPU this is also where an
+    asynchronous error of the forward pass surfaces, so it is retried like one.
+    """
+    out_copy = transfer.to_host(out)
+    tokens_copy = transfer.to_host(tokens) if tokens is not None else None
+    host = cast(NDArray[np.float32], out_copy.wait())
+    if tokens_copy is None:
+        return host, None
+    return host, cast(NDArray[np.float32], tokens_copy.wait())
+
+
+def input_shape(x: Any) -> str:
     """A model input's shape for messages: ``(2, 3, 224, 224)``, or per modality."""
+    if x is None:  # (a stepped model's later step: its input is its state)
+        return "a step's state"
     if isinstance(x, Mapping):
-        return "{" + ", ".join(f"{k!r}: {_shape(v)}" for k, v in x.items()) + "}"
+        return "{" + ", ".join(f"{k!r}: {input_shape(v)}" for k, v in x.items()) + "}"
     return str(tuple(x.shape))
 
 
@@ -395,24 +384,3 @@ def _pad(x: Any, pad: int) -> Any:
     if isinstance(x, Mapping):
         return {k: _pad(v, pad) for k, v in x.items()}
     return torch.cat([x, x[-1:].expand(pad, *x.shape[1:])])
-
-
-def resolve_dtype(dtype: torch.dtype | str | None) -> torch.dtype | None:
-    """An autocast dtype from a torch dtype or its name (``"bf16"``, ``"float16"`` ...).
-
-    Raises:
-        ConfigError: an unknown name.
-    """
-    if dtype is None or isinstance(dtype, torch.dtype):
-        return dtype
-    names = {
-        "float32": None,
-        "fp32": None,
-        "bfloat16": torch.bfloat16,
-        "bf16": torch.bfloat16,
-        "float16": torch.float16,
-        "fp16": torch.float16,
-    }
-    if dtype not in names:
-        raise ConfigError(f"invalid dtype {dtype!r}; choose one of {', '.join(names)}")
-    return names[dtype]

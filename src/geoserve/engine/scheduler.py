@@ -7,6 +7,10 @@ up to the batch cap. A request whose next row is still being read is passed over
 waited for, except the one first in line, which keeps its turn for up to :data:`TURN_WAIT_S`
 per row: a stalled input costs the others at most that, once per row.
 
+For a model whose patches take several steps the scheduler also holds the patches between
+steps (:class:`~geoserve.engine.stepping.StepPool`): a batch then holds either new patches
+(their first step, while the pool has room) or waiting ones due a step of one kind.
+
 The scheduler also drops requests: aborted ones, and failed ones (:meth:`Scheduler.fail`, the
 one place a request is failed; their failed outputs wait here for the next step). A dropped
 request whose row is being read is released once that read returns, never waited for.
@@ -30,6 +34,7 @@ if TYPE_CHECKING:
 
     from geoserve.engine.batch import Patch
     from geoserve.engine.request import Request
+    from geoserve.engine.stepping import StepPool
     from geoserve.schemas import ImageRequestOutput, TensorRequestOutput
 
 #: Longest a step with nothing to run waits for a row still being read (then looks again).
@@ -46,9 +51,11 @@ class Scheduler:
         active: Pending requests, in the order batches draw from them.
         releasing: Dropped requests waiting for a read in progress to end before closing.
         failed: Outcomes of failed requests, until the next step hands them out.
+        steps: A stepped model's patches between steps (None: one-pass model).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, steps: StepPool | None = None) -> None:
+        self.steps = steps
         self.active: list[Request] = []
         self.releasing: list[Request] = []
         self.failed: list[ImageRequestOutput | TensorRequestOutput] = []
@@ -66,6 +73,8 @@ class Scheduler:
         for req in self.active:
             if req.request_id == request_id:
                 self.active.remove(req)
+                if self.steps is not None:
+                    self.steps.drop(req)
                 self._retire(req)
                 return True
         return False
@@ -74,6 +83,8 @@ class Scheduler:
         """Fail ``req`` alone: drop it and queue its failed outcome (once; later calls no-op)."""
         if req.error is None:
             req.error = exc
+            if self.steps is not None:
+                self.steps.drop(req)
             self._retire(req)
             if req in self.active:
                 self.active.remove(req)
@@ -138,9 +149,22 @@ class Scheduler:
         A request whose read fails is failed here, alone; with ``cross_request`` off a batch
         holds one request's patches only.
         """
+        steps = self.steps
+        if steps is None:
+            return self._fill_new(cap, cross_request, wait=True)
+        room = steps.room(cap)
+        batch = self._fill_new(min(cap, room), cross_request, wait=not steps) if room else []
+        return batch or steps.take(cap, cross_request)
+
+    def _fill_new(self, cap: int, cross_request: bool, *, wait: bool) -> list[Patch]:
+        """Up to ``cap`` patches from the requests' rows.
+
+        ``wait``: the request first in line keeps its turn while its row is read (not while
+        stepped patches wait to run).
+        """
         batch: list[Patch] = []
         signature: tuple[Any, ...] | None = None
-        if self.active:
+        if self.active and wait:
             self.active[0].wait_for_row(TURN_WAIT_S)  # priority, then arrival order
         for req in list(self.active):
             if signature is not None and req.signature != signature:

@@ -5,16 +5,20 @@ At start the runner requeues the jobs a stopped process left running (``store.re
 (:meth:`RequestSpec.from_json`) and run it through ``execute`` (the server's own path: the
 same trust rules as an interactive request), with its outputs under
 ``<output_dir>/jobs/<job id>/``. While a job runs, its progress (patches done out of all, from
-``progress``) is written to the store every :data:`POLL_S` seconds; a job the store says is no
+``progress``) is written to the store every :data:`POLL_S` seconds, as a percentage and as the
+status message ``"<done>/<total> patches"``; a job the store says is no
 longer the worker's (dismissed) is cancelled in the engine and its directory removed. A job
 ends ``successful`` with its results (each output kind's file name, media type and size) or
-``failed`` with an OGC exception body. Every :data:`EXPIRE_EVERY_S` the finished jobs older
+``failed`` with an OGC exception body (a class map's ``.aux.xml`` sidecar, its class names,
+named beside its file). Every :data:`EXPIRE_EVERY_S` the finished jobs older
 than ``ttl_s`` are removed with their directories.
 
 A job's stored spec holds what the client gave: paths and URLs as named (the server vets them
 again when the job runs), and for inputs sent inline, the names of the files written into the
-job's directory when it was submitted (``job_files``); the runner reads those files of the
-job's own directory only. This module imports nothing from the web layer.
+job's directory when it was submitted (``job_files``; for uploads, ``job_names``: each file's
+part file name, client text that names it in messages and gives its date stamp, never a path);
+the runner reads those files of the job's own directory only. This module imports nothing from
+the web layer.
 """
 
 from __future__ import annotations
@@ -102,13 +106,19 @@ def remove_inputs(output_dir: Path, job: Job) -> None:
             shutil.rmtree(directory, ignore_errors=True)
 
 
-def job_inputs(spec: RequestSpec, directory: Path) -> RequestSpec:
-    """A spec whose inputs name files of the job's ``directory``, with those files' bytes."""
+def job_inputs(spec: RequestSpec, directory: Path, names: Any = None) -> RequestSpec:
+    """A spec whose inputs name files of the job's ``directory``, with those files' bytes.
+
+    ``names``: file -> the name to report it by (an upload's part file name); else its own.
+    """
+    shown = names if isinstance(names, dict) else {}
 
     def read(name: Any) -> NamedBytes:
         if not isinstance(name, str) or not _FILE_NAME.fullmatch(name):
             raise InputError(f"job input {str(name)[:60]!r} is not a file of the job")
-        return NamedBytes((directory / name).read_bytes(), name)
+        given = shown.get(name)
+        label = given if isinstance(given, str) else name
+        return NamedBytes((directory / name).read_bytes(), label)
 
     given: Any = spec.inputs
     if isinstance(given, dict):
@@ -204,10 +214,11 @@ class JobRunner:
         try:
             stored = dict(job.spec)
             stored.pop("job_files", None)
+            names = stored.pop("job_names", None)
             spec = RequestSpec.from_json(stored)
             files = inputs_dir(self.output_dir, job)
             if files is not None:
-                spec = job_inputs(spec, files)
+                spec = job_inputs(spec, files, names)
             spec = RequestSpec.of(
                 spec, request_id=job.job_id, priority=JOB_PRIORITY + max(0, spec.priority)
             )
@@ -218,14 +229,18 @@ class JobRunner:
         shutil.rmtree(directory, ignore_errors=True)
         directory.mkdir(parents=True, exist_ok=True)
         task = asyncio.create_task(self._execute(spec, directory))
-        mine = True
+        mine, total = True, 0
         while mine and not task.done():
             await asyncio.wait({task}, timeout=POLL_S)
             if task.done():
                 break
             counted = self._progress(job.job_id)
             percent = 0 if not counted or not counted[1] else 100 * counted[0] // counted[1]
-            mine = await asyncio.to_thread(self.store.progress, job.job_id, min(percent, 99))
+            message = None if not counted else f"{counted[0]}/{counted[1]} patches"
+            total = counted[1] if counted else total
+            mine = await asyncio.to_thread(
+                self.store.progress, job.job_id, min(percent, 99), message
+            )
         if not mine:  # dismissed: drop its work in the engine and what it wrote
             task.cancel()
             with contextlib.suppress(BaseException):
@@ -246,12 +261,14 @@ class JobRunner:
                 results["item"] = await asyncio.to_thread(self._item, job, result, directory)
             except Exception:  # (the outputs stand without their description)
                 logger.exception("job %s: writing its STAC Item failed", job.job_id)
-        if not await asyncio.to_thread(self.store.finish, job.job_id, results):
+        total = total or result.num_patches
+        done = f"{total}/{total} patches"
+        if not await asyncio.to_thread(self.store.finish, job.job_id, results, done):
             remove_job_dir(self.output_dir, job.job_id)
 
     @staticmethod
     def describe(result: ImageRequestOutput, directory: Path) -> dict[str, Any]:
-        """Each output kind's file (a name in ``directory``), media type and size."""
+        """Each output kind's file (a name in ``directory``), media type, size and sidecar."""
         outputs: dict[str, Any] = {}
         for kind, out in result.outputs_by_kind.items():
             if out.path is None:
@@ -262,6 +279,9 @@ class JobRunner:
                 "media_type": media_type(path.name),
                 "size": path.stat().st_size,
             }
+            sidecar = path.with_name(path.name + ".aux.xml")
+            if sidecar.is_file():  # a class map's class names (GIS tools read them there)
+                outputs[kind]["sidecar"] = sidecar.name
         return outputs
 
     @staticmethod

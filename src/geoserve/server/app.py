@@ -27,7 +27,7 @@ from fastapi.responses import JSONResponse, Response
 from geoserve.engine import Engine
 from geoserve.engine.async_engine import AsyncEngine
 from geoserve.engine.request_spec import RequestSpec
-from geoserve.engine.runner import AUTO_MAX_BATCH
+from geoserve.engine.startup import AUTO_MAX_BATCH
 from geoserve.errors import (
     ConfigError,
     ForbiddenInputError,
@@ -244,11 +244,6 @@ class _Service:
             body, items = await parse_multipart(request)
             data_format = "bytes"
             dates = body.dates  # (else each part's tags, then its file name's stamp)
-            if isinstance(items, dict) and dates is not None:
-                raise InputError(
-                    "form field 'dates' applies to 'file' parts; with modality parts the dates "
-                    "come from each file's tags or name (or send JSON with a dict of dates)"
-                )
         else:
             body = await parse_json(
                 ImagesRequest, await request.body(), request.headers.get("content-type", "")

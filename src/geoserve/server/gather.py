@@ -194,7 +194,8 @@ async def parse_multipart(request: Request) -> tuple[ImagesRequest, Items]:
     """The upload's options and its files, named by their parts' file names.
 
     Files come as ``file`` parts, or as one part per modality (the part's name). A part's file
-    name is client text: it names the upload in messages, never a path.
+    name is client text: it names the upload in messages, never a path. Form field ``dates``
+    is for ``file`` parts only (modality parts: an :class:`InputError`).
     """
     form = await request.form()
     plain: list[NamedBytes] = []
@@ -225,6 +226,12 @@ async def parse_multipart(request: Request) -> tuple[ImagesRequest, Items]:
         raise InputError(
             "multipart upload needs one or more 'file' parts, or one part per modality"
         )
+    dates = form_dates(form.getlist("dates"))
+    if modal and dates is not None:
+        raise InputError(
+            "form field 'dates' applies to 'file' parts; with modality parts the dates "
+            "come from each file's tags or name (or send JSON with a dict of dates)"
+        )
     body = validate(
         ImagesRequest,
         {
@@ -232,7 +239,7 @@ async def parse_multipart(request: Request) -> tuple[ImagesRequest, Items]:
             "out_data_format": form.get("out_data_format") or "geotiff",
             "options": form_json(form.get("options")),
             "priority": form.get("priority") or 0,
-            "dates": form_dates(form.getlist("dates")),
+            "dates": dates,
         },
     )
     return body, (modal if modal else list(plain))

@@ -7,9 +7,14 @@ status and ``Location: /v1/jobs/{jobId}``. ``GET /v1/jobs`` lists jobs (``status
 ``GET /v1/jobs/{jobId}/results`` its outputs by reference (download links under
 ``/v1/jobs/{jobId}/outputs/``) and ``DELETE /v1/jobs/{jobId}`` dismisses it (a running job is
 cancelled, its outputs removed). Errors are OGC exception bodies (``type``, ``title``,
-``status``, ``detail``). Inputs sent inline (``b64_json``) are written into the job's input
-directory when it is submitted, so the store holds no large values and a restart re-runs the
-job from disk; paths and URLs are kept as named and vetted when the job runs.
+``status``, ``detail``). ``POST /v1/jobs`` also takes the multipart upload of
+``/v1/images`` (``file`` parts, or one part per modality; ``options``, ``priority`` and
+``dates`` fields), bounded by the body limit as that route's uploads are: a client sends its
+own files so. Inputs sent inline (``b64_json``) or uploaded are written into the job's input
+directory when it is submitted (an upload's part file names kept beside them, for messages and
+date stamps only), so the store holds no large values and a restart re-runs the job from disk;
+paths and URLs are kept as named and vetted when the job runs. A class map's ``.aux.xml``
+sidecar (its class names) is a download of its own, linked from its output as ``sidecar``.
 """
 
 from __future__ import annotations
@@ -39,13 +44,17 @@ from geoserve.errors import (
 )
 from geoserve.jobs import ACCEPTED, RUNNING, SUCCESSFUL, Job, JobStore, checked_job_id
 from geoserve.jobs.runner import job_dir, remove_inputs, remove_job_dir
+from geoserve.raster.input_values import NamedBytes
 from geoserve.raster.source import DataFormat
 from geoserve.server.api_models import ImagesRequest, parse_json, validation_message
 from geoserve.server.errors import ogc_exception
+from geoserve.server.gather import parse_multipart
 from geoserve.server.inputs import check_url, resolve_input_path
 from geoserve.server.settings import ServerSettings
 
 _IN_FORMATS: dict[str, DataFormat] = {"b64_json": "b64", "path": "path", "url": "url"}
+#: The media type of a class map's ``.aux.xml`` sidecar.
+SIDECAR_TYPE = "application/xml"
 
 
 def ogc_error(exc: GeoServeError, retry_after_s: int) -> JSONResponse:
@@ -154,12 +163,19 @@ class JobRoutes:
     async def submit(self, request: Request) -> Response:
         """POST: a new job running the body (as ``/v1/images``'s JSON), 201 + Location."""
         self.store()
-        body = await parse_json(
-            ImagesRequest, await request.body(), request.headers.get("content-type", "")
-        )
+        items: Any
+        data_format: DataFormat
+        if request.headers.get("content-type", "").startswith("multipart/form-data"):
+            body, items = await parse_multipart(request)
+            data_format = "bytes"
+        else:
+            body = await parse_json(
+                ImagesRequest, await request.body(), request.headers.get("content-type", "")
+            )
+            items, data_format = body.data, _IN_FORMATS[body.data_format]
         spec = RequestSpec(
-            body.data,
-            data_format=_IN_FORMATS[body.data_format],
+            items,
+            data_format=data_format,
             bands=body.options.bands,
             output_kind=body.options.kinds,
             priority=body.priority,
@@ -200,42 +216,50 @@ class JobRoutes:
                 check_url(str(value), self.settings.allowed_url_domains)
 
     def _stored(self, spec: RequestSpec) -> tuple[dict[str, Any], Path | None]:
-        """The spec to store; base64 inputs written to files of a fresh input directory."""
-        data = spec.to_json()
-        if spec.data_format != "b64":
-            return data, None
+        """The spec to store; base64 and uploaded inputs written to files of a fresh directory.
+
+        An upload's part file names are kept in ``job_names`` (for messages and date stamps).
+        """
+        if spec.data_format not in ("b64", "bytes"):
+            return spec.to_json(), None
         limit = int(self.settings.max_inline_mb * 1024 * 1024)
         name = f"in-{uuid.uuid4().hex}"
         staging = self.output_dir / "jobs" / name
         staging.mkdir(parents=True)
-        count = 0
+        names: dict[str, str] = {}
 
-        def write(text: Any) -> str:
-            nonlocal count
-            if not isinstance(text, str) or len(text) * 3 // 4 > limit:
+        def write(value: Any) -> str:
+            file = f"input-{len(names)}.tif"
+            if isinstance(value, NamedBytes):  # an upload (bounded by the body limit)
+                raw, shown = value.data, value.name[:200]
+            elif not isinstance(value, str) or len(value) * 3 // 4 > limit:
                 raise PayloadTooLargeError(
                     f"an inline job input is over {self.settings.max_inline_mb:g} MB"
                 )
-            try:
-                raw = base64.b64decode(text, validate=True)
-            except (binascii.Error, ValueError):
-                raise InputError(f"inputs[{count}]: not valid base64") from None
-            file = f"input-{count}.tif"
-            count += 1
+            else:
+                try:
+                    raw, shown = base64.b64decode(value, validate=True), file
+                except (binascii.Error, ValueError):
+                    raise InputError(f"inputs[{len(names)}]: not valid base64") from None
+            names[file] = shown
             (staging / file).write_bytes(raw)
             return file
 
         try:
-            given = data["inputs"]
+            given: Any = spec.inputs
+            files: Any
             if isinstance(given, dict):
-                data["inputs"] = {k: [write(x) for x in v] for k, v in given.items()}
+                files = {k: [write(x) for x in v] for k, v in given.items()}
             else:
-                data["inputs"] = [write(x) for x in given]
+                files = [write(x) for x in given]
+            data = RequestSpec.of(spec, inputs=files, data_format="b64").to_json()
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
         data["data_format"] = "bytes"
         data["job_files"] = name
+        if spec.data_format == "bytes":
+            data["job_names"] = names
         return data, staging
 
     async def list_jobs(self, request: Request) -> Response:
@@ -268,10 +292,12 @@ class JobRoutes:
             raise NotFoundError(f"job {job.job_id} has no results (it is {job.status})")
         base = f"{self.base(request)}/{job.job_id}/outputs"
         outputs = job.results.get("outputs", {})
-        answer: dict[str, Any] = {
-            kind: {"href": f"{base}/{o['file']}", "type": o["media_type"], "size": o["size"]}
-            for kind, o in outputs.items()
-        }
+        answer: dict[str, Any] = {}
+        for kind, o in outputs.items():
+            entry = {"href": f"{base}/{o['file']}", "type": o["media_type"], "size": o["size"]}
+            if isinstance(o.get("sidecar"), str):  # a class map's class names, for GIS tools
+                entry["sidecar"] = {"href": f"{base}/{o['sidecar']}", "type": SIDECAR_TYPE}
+            answer[kind] = entry
         item = job.results.get("item")
         if isinstance(item, str):  # the outputs described as a STAC Item
             answer["stac-item"] = {"href": f"{base}/{item}", "type": "application/geo+json"}
@@ -280,11 +306,12 @@ class JobRoutes:
     async def download(self, request: Request, job_id: str, name: str) -> Response:
         """GET: one output file of a successful job (only the files its results name)."""
         job = await asyncio.to_thread(self.store().get, job_id)
-        files = {
-            o["file"]: o["media_type"]
-            for o in (job.results or {}).get("outputs", {}).values()
-            if job.status == SUCCESSFUL
-        }
+        files: dict[str, str] = {}
+        for o in (job.results or {}).get("outputs", {}).values():
+            if job.status == SUCCESSFUL:
+                files[o["file"]] = o["media_type"]
+                if isinstance(o.get("sidecar"), str):
+                    files[o["sidecar"]] = SIDECAR_TYPE
         item = (job.results or {}).get("item")
         if job.status == SUCCESSFUL and isinstance(item, str):
             files[item] = "application/geo+json"

@@ -109,7 +109,7 @@ def write_job_item(eng: AsyncEngine, job: Job, result: ImageRequestOutput, direc
     """
     from geoserve.stac_result import model_info, request_options, result_item, write_item
 
-    stored = {k: v for k, v in job.spec.items() if k != "job_files"}
+    stored = {k: v for k, v in job.spec.items() if k not in ("job_files", "job_names")}
     inline = "job_files" in job.spec
 
     def named(value: Any, i: int) -> str:

@@ -15,7 +15,9 @@ import sys
 import types
 from typing import Any
 
+import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from tests.models.prithvi import reference as prithvi_reference
 
@@ -90,3 +92,82 @@ def finetune(
         padding="reflect",
         neck=ref.necks.NeckSequential(*neck_list),
     )
+
+
+def load_tokenizers() -> types.SimpleNamespace:
+    """TerraTorch's tokenizer files (they import diffusers, a dev dependency), as attributes.
+
+    ``register`` (the ``terramind_v1_tokenizer_*`` builders), ``vqvae`` (``DiVAE``, ``VQVAE``),
+    ``unet``, ``vit`` (the tokenizers' ViT), ``fsq`` and ``ddim`` (TerraTorch's own scheduler).
+    """
+    load()
+    base = "terratorch.models.backbones.terramind.tokenizer"
+    return types.SimpleNamespace(
+        register=importlib.import_module(f"{base}.tokenizer_register"),
+        vqvae=importlib.import_module(f"{base}.vqvae"),
+        unet=importlib.import_module(f"{base}.models.unet.unet"),
+        vit=importlib.import_module(f"{base}.models.vit_models"),
+        fsq=importlib.import_module(f"{base}.quantizers.quantize_finite_scalar"),
+        ddim=importlib.import_module(f"{base}.scheduling.scheduling_ddim"),
+    )
+
+
+class _EmptyOnMeta(TorchFunctionMode):
+    """``torch.empty`` without a device makes meta tensors: module weights cost no memory.
+
+    TerraTorch's tokenizer builders cannot run inside ``torch.device("meta")`` (they call
+    ``.item()`` on tensors they make), so only the weights' allocation is redirected; small
+    tables (position embeddings, FSQ buffers, the scheduler's) stay real, on the CPU.
+    """
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = dict(kwargs or {})
+        if func is torch.empty and kwargs.get("device") is None:
+            kwargs["device"] = "meta"
+        return func(*args, **kwargs)
+
+
+def tokenizer(modality: str, **kwargs: Any) -> nn.Module:
+    """TerraTorch's ``terramind_v1_tokenizer_<modality>``, its weights on the meta device.
+
+    Never downloaded; to run parts of it, replace them with real (smaller) modules.
+    """
+    build = getattr(load_tokenizers().register, f"terramind_v1_tokenizer_{modality}")
+    with _EmptyOnMeta():
+        return build(**kwargs)
+
+
+class _TokensOut(nn.Module):
+    """A stand-in tokenizer: its decode hands back the generated tokens, (B, nh, nw)."""
+
+    patch_size = 16
+
+    def __init__(self, **_kwargs: Any) -> None:
+        super().__init__()
+
+    def decode_tokens(self, tokens: Any, **_kwargs: Any) -> Any:
+        return tokens
+
+
+def generation(variant: str, **kwargs: Any) -> nn.Module:
+    """TerraTorch's ``terramind_v1_<variant>_generate`` (random weights), tokenizers stubbed.
+
+    The builder fixes its tokenizer table, so its entries are swapped for :class:`_TokensOut`
+    while it builds: ``forward`` then returns the tokens it generated, not pixels, and the
+    state dict is the generator's alone (``sampler.model.*``).
+    """
+    register = load().register
+    table = register.tokenizer_dict["v1"]
+    saved = dict(table)
+    table.update({key: _TokensOut for key in table})
+    try:
+        return getattr(register, f"terramind_v1_{variant}_generate")(**kwargs)
+    finally:
+        table.clear()
+        table.update(saved)
+
+
+def generate_module() -> types.ModuleType:
+    """TerraTorch's ``model/generate.py`` (``GenerationSampler``, the ``init_*`` helpers)."""
+    load()
+    return importlib.import_module("terratorch.models.backbones.terramind.model.generate")

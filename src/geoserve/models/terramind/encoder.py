@@ -110,6 +110,20 @@ def sincos_2d(h: int, w: int, dim: int) -> torch.Tensor:
     return torch.cat(parts, dim=1).unsqueeze(0)
 
 
+def resized_positions(pos: torch.Tensor, h: int, w: int) -> torch.Tensor:
+    """A square (1, g*g, D) position table for an h x w token grid (row-major), resized bicubically.
+
+    The table is returned as it is when the grid is its own.
+    """
+    g = round(pos.shape[1] ** 0.5)
+    if (h, w) == (g, g):
+        return pos
+    d = pos.shape[-1]
+    grid = pos.reshape(1, g, g, d).permute(0, 3, 1, 2)
+    grid = F.interpolate(grid, size=(h, w), mode="bicubic", align_corners=False)
+    return grid.permute(0, 2, 3, 1).reshape(1, -1, d)
+
+
 class PatchEmbedding(nn.Module):
     """One image modality: patches -> tokens (``proj``), plus ``mod_emb`` and ``pos_emb``."""
 
@@ -123,21 +137,20 @@ class PatchEmbedding(nn.Module):
 
     def positions(self, h: int, w: int) -> torch.Tensor:
         """The position embedding for an h x w token grid (bicubic resize of the stored one)."""
-        pos = self.get_buffer("pos_emb")
-        if (h, w) == (self.grid, self.grid):
-            return pos
-        d = pos.shape[-1]
-        grid = pos.reshape(1, self.grid, self.grid, d).permute(0, 3, 1, 2)
-        grid = F.interpolate(grid, size=(h, w), mode="bicubic", align_corners=False)
-        return grid.permute(0, 2, 3, 1).reshape(1, -1, d)
+        return resized_positions(self.get_buffer("pos_emb"), h, w)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, C, H, W) with H, W multiples of 16 -> tokens with embeddings (B, N, D)."""
+    def embed(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B, C, H, W) -> the projected patches (B, N, D) and position + modality (1, N, D)."""
         h, w = x.shape[-2] // PATCH_SIZE, x.shape[-1] // PATCH_SIZE
         patches = rearrange(
             x, "b c (h ph) (w pw) -> b (h w) (ph pw c)", ph=PATCH_SIZE, pw=PATCH_SIZE
         )
-        return self.proj(patches) + (self.positions(h, w) + self.mod_emb)
+        return self.proj(patches), self.positions(h, w) + self.mod_emb
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, C, H, W) with H, W multiples of 16 -> tokens with embeddings (B, N, D)."""
+        tokens, emb = self.embed(x)
+        return tokens + emb
 
 
 class TerraMindEncoder(nn.Module):

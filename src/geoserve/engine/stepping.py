@@ -1,0 +1,176 @@
+"""Patches that take several steps: where they wait, which the next batch takes, one step.
+
+For a :class:`geoserve.models.steps.SteppedModel`.
+
+**Which batch runs next.** The patches between steps wait in the :class:`StepPool`, at most
+``capacity`` of them (the batch cap): new patches start their first step while there is room,
+so patches that arrive later join the ones already stepping; otherwise the pool's next batch
+is of the step kind of its most advanced patch (nearest completion; then priority, arrival,
+row and column), filled with the patches due a step of that kind, most advanced first. One
+batch holds one kind of step, its rows possibly at different step indices and from different
+requests. Finishing the most advanced first keeps the pool small and lets rows finish in
+order, so rows still stream: a row is stitched once all its patches took all their steps.
+
+A request that fails or is aborted takes its waiting patches out of the pool.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from geoserve.errors import GeoServeError, ModelOutputShapeError
+from geoserve.models.steps import SteppedModel, split_state, stack_states
+
+if TYPE_CHECKING:
+    from geoserve.engine.batch import Patch
+    from geoserve.engine.request import Request
+    from geoserve.engine.runner import ModelRunner
+
+
+@dataclass
+class StepStats:
+    """Steps run, by kind: batches, patch-steps and seconds (for metrics)."""
+
+    batches: Counter[str] = field(default_factory=Counter)
+    patch_steps: Counter[str] = field(default_factory=Counter)
+    seconds: Counter[str] = field(default_factory=Counter)
+
+    def mean_fill(self, kind: str) -> float:
+        """Mean patches per batch of ``kind`` (0 when none ran)."""
+        n = self.batches[kind]
+        return self.patch_steps[kind] / n if n else 0.0
+
+
+class StepPool:
+    """Patches between steps; see the module docstring.
+
+    Args:
+        plan: The model's step kinds, in order (:meth:`SteppedModel.plan`).
+    """
+
+    def __init__(self, plan: Sequence[str]) -> None:
+        if not plan:
+            raise ValueError("a stepped model's plan needs at least one step")
+        self.plan = tuple(plan)
+        self.waiting: list[Patch] = []
+        self.stats = StepStats()
+
+    def __len__(self) -> int:
+        return len(self.waiting)
+
+    def room(self, capacity: int) -> int:
+        """How many new patches may start their first step now."""
+        return max(0, capacity - len(self.waiting))
+
+    def add(self, patches: Sequence[Patch]) -> None:
+        """Patches that took a step and wait for their next."""
+        self.waiting.extend(patches)
+
+    def drop(self, request: Request) -> None:
+        """Take a failed or aborted request's patches out."""
+        self.waiting = [p for p in self.waiting if p.request is not request]
+
+    def take(self, cap: int, cross_request: bool = True) -> list[Patch]:
+        """Up to ``cap`` waiting patches due a step of one kind (see the module docstring)."""
+        live = [p for p in self.waiting if p.request.error is None]
+        if not live:
+            self.waiting = []
+            return []
+
+        def order(p: Patch) -> tuple[int, int, float, int, int]:
+            return (-p.step, p.request.priority, p.request.arrival, p.row, p.col)
+
+        lead = min(live, key=order)
+        kind, signature = self.plan[lead.step], lead.request.signature
+        due = [
+            p
+            for p in live
+            if self.plan[p.step] == kind
+            and p.request.signature == signature
+            and (cross_request or p.request is lead.request)
+        ]
+        batch = sorted(due, key=order)[:cap]
+        taken = {id(p) for p in batch}
+        self.waiting = [p for p in live if id(p) not in taken]
+        return batch
+
+
+def step_forward(
+    module: SteppedModel,
+    plan: Sequence[str],
+    batch: list[Patch],
+    x: Any,
+    kwargs: dict[str, torch.Tensor],
+    device: torch.device,
+) -> tuple[torch.Tensor | None, list[Patch]]:
+    """One step for ``batch`` (all new, with inputs ``x``; or all waiting, of one kind).
+
+    Returns the outputs of the patches that took their last step (in batch order; None if
+    none did) and those patches; every other patch of the batch gets its new state and step
+    index (set only once the step succeeded, so a failed step can be retried).
+    """
+    n = len(batch)
+    if batch[0].state is None:
+        seed = torch.tensor([p.request.seed for p in batch], dtype=torch.int64, device=device)
+        origin = torch.tensor(
+            [p.request.ctx.grid.origin(p.row, p.col) for p in batch],
+            dtype=torch.int64,
+            device=device,
+        )
+        state = module.begin(x, seed=seed, origin=origin, **kwargs)
+    else:
+        state = stack_states([p.state for p in batch])  # type: ignore[misc]
+    steps = [p.step for p in batch]
+    kinds = {plan[s] for s in steps}
+    if len(kinds) != 1:  # (the pool never mixes kinds)
+        raise ValueError(f"one batch, several step kinds: {sorted(kinds)}")
+    index = torch.tensor(steps, dtype=torch.int64, device=device)
+    state = module.step(kinds.pop(), state, index, **kwargs)
+    last = [s + 1 == len(plan) for s in steps]
+    done = [p for p, d in zip(batch, last, strict=True) if d]
+    out = None
+    if done:
+        rows = torch.tensor(last, device=device)
+        out = module.finish(
+            {k: v[rows] for k, v in state.items()},
+            **{k: v[rows] for k, v in kwargs.items()},
+        )
+        if not isinstance(out, torch.Tensor) or out.ndim not in (4, 5) or out.shape[0] != len(done):
+            got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+            raise ModelOutputShapeError(
+                f"a stepped model's finish returned {got} for {len(done)} patches"
+            )
+    for p, s, one in zip(batch, steps, split_state(state, n), strict=True):
+        if s + 1 < len(plan):
+            p.state, p.step = one, s + 1
+    return out, done
+
+
+def forward_step(
+    runner: ModelRunner, batch: list[Patch]
+) -> tuple[torch.Tensor | None, list[Patch]]:
+    """One step of ``runner``'s stepped model over ``batch``.
+
+    Returns the (B_done, C_out, P, P) float32 outputs of the patches that took their last
+    step (None: none did), and those patches. Raises as :meth:`ModelRunner.forward` does.
+    """
+    x: Any = runner.inputs(batch) if batch[0].state is None else None
+    kwargs = runner.model_kwargs(batch)
+    module, plan = runner.eager, runner.plan
+    if not isinstance(module, SteppedModel) or plan is None:
+        raise TypeError(f"model {runner.name!r} does not take steps")
+    try:
+        with torch.inference_mode(), runner.autocast():
+            y, done = step_forward(module, plan, batch, x, kwargs, runner.device)
+    except (torch.OutOfMemoryError, GeoServeError):
+        raise
+    except Exception as exc:
+        raise runner.model_failed(batch[0].request.ctx, x, exc) from exc
+    if y is None:
+        return None, done
+    return runner.checked(y, done, x), done
