@@ -166,7 +166,9 @@ def test_http_modality_dict_equals_offline(scene, server: str) -> None:
     listed = next(m for m in models["data"] if m["id"] == MODEL)
     assert [m["name"] for m in listed["input"]["modalities"]] == ["S2L1C", "S1GRD"]
     assert [m["required"] for m in listed["input"]["modalities"]] == [False, False]
-    got = rasterio.MemoryFile(base64.b64decode(resp.json()["data"])).open().read(1)
+    # the MemoryFile must outlive the read: GDAL reads its bytes in place, without a copy
+    with rasterio.MemoryFile(base64.b64decode(resp.json()["data"])) as mem, mem.open() as src:
+        got = src.read(1)
     engine = Engine(MODEL, weights=scene["weights"])
     want = engine.generate_image(dict(data), out_format="tensor").outputs.tensor
     np.testing.assert_array_equal(got, np.asarray(want).reshape(got.shape))
