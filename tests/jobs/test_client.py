@@ -341,3 +341,28 @@ def test_malicious_job_ids_sizes_and_redirects_are_refused(malicious: tuple[str,
         _Malicious.answers[out] = b"0123"
         assert c.results(JOB, dest) == {"classes": dest / "out.tif"}
         assert (dest / "out.tif").read_bytes() == b"0123"
+
+
+def test_an_uploaded_part_name_is_only_a_label(
+    url: str, scenes: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """A part's file name is client text: it never becomes a path on the server."""
+    import httpx
+
+    evil = "../../../../escaped_upload.tif"
+    with (scenes / "lake.tif").open("rb") as f:
+        resp = httpx.post(
+            f"{url}/v1/jobs",
+            files={"file": (evil, f, "image/tiff")},
+            headers={"Authorization": f"Bearer {KEY}"},
+        )
+    assert resp.status_code == 201, resp.text
+    job_id = resp.json()["jobID"]
+    with geoserve.Client(url, KEY) as c:
+        assert c.wait(job_id, poll=0.1).status == "successful"
+        outputs = c.results_document(job_id)
+    root = tmp_path_factory.getbasetemp()
+    assert not list(root.rglob("escaped_upload*"))
+    assert not list(root.parent.glob("escaped_upload*"))
+    assert outputs.outputs
+    assert all("escaped" not in o.href for o in outputs.outputs.values())

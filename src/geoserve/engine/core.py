@@ -269,7 +269,7 @@ class Engine:
             if part.error is not None:
                 sched.fail_batch(part.patches, part.error)
             elif part.more_steps:  # (a stepped model: they wait for their next step)
-                sched.steps.add(part.patches)  # type: ignore[union-attr]
+                sched.await_step(part.patches)
             else:
                 self.output.stitch(part)
                 remember_all(caches, part)

@@ -182,11 +182,7 @@ class RequestSpec:
             raise ConfigError(
                 f"invalid out_format {self.out_format!r}; choose one of {', '.join(OUT_FORMATS)}"
             )
-        if (
-            isinstance(self.seed, bool)
-            or not isinstance(self.seed, int)
-            or not (0 <= self.seed < 2**63)
-        ):
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not _seed_ok(self.seed):
             raise ConfigError(f"seed: an integer from 0 to 2**63 - 1, got {self.seed!r:.40}")
         if upfront:
             self._check_count(engine)
@@ -264,7 +260,7 @@ class RequestSpec:
             inputs = _restored_list(raw, "inputs")
         path = _field(data, "output_path", str)
         seed = _field(data, "seed", int) or 0
-        if not 0 <= seed < 2**63:
+        if not _seed_ok(seed):
             raise InputError("request spec: 'seed' must be from 0 to 2**63 - 1")
         return cls(
             inputs,
@@ -408,6 +404,11 @@ def _unb64(text: Any, where: str) -> bytes:
 def _number(x: float) -> int | float:
     """A window offset or size as JSON keeps it (a whole number as an int)."""
     return int(x) if float(x).is_integer() else float(x)
+
+
+def _seed_ok(seed: int) -> bool:
+    """Whether ``seed`` is a seed the random draws take (0 to 2**63 - 1)."""
+    return 0 <= seed < 2**63
 
 
 def _field(data: Mapping[str, Any], name: str, kind: type) -> Any:

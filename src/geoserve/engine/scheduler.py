@@ -153,7 +153,7 @@ class Scheduler:
         if steps is None:
             return self._fill_new(cap, cross_request, wait=True)
         room = steps.room(cap)
-        batch = self._fill_new(min(cap, room), cross_request, wait=not steps) if room else []
+        batch = self._fill_new(min(cap, room), cross_request, wait=len(steps) == 0) if room else []
         return batch or steps.take(cap, cross_request)
 
     def _fill_new(self, cap: int, cross_request: bool, *, wait: bool) -> list[Patch]:
@@ -179,6 +179,12 @@ class Scheduler:
             if len(batch) >= cap or (batch and not cross_request):
                 break
         return batch
+
+    def await_step(self, patches: Sequence[Patch]) -> None:
+        """Patches of a stepped model that took a step: into the pool, for their next one."""
+        if self.steps is None:
+            raise TypeError("a one-pass model's patches take no further step")
+        self.steps.add(patches)
 
     def wait_for_reads(self) -> bool:
         """Nothing to run: wait (briefly) for the first row still being read; True if one came."""

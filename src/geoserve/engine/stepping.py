@@ -16,9 +16,7 @@ A request that fails or is aborted takes its waiting patches out of the pool.
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -30,20 +28,6 @@ if TYPE_CHECKING:
     from geoserve.engine.batch import Patch
     from geoserve.engine.request import Request
     from geoserve.engine.runner import ModelRunner
-
-
-@dataclass
-class StepStats:
-    """Steps run, by kind: batches, patch-steps and seconds (for metrics)."""
-
-    batches: Counter[str] = field(default_factory=Counter)
-    patch_steps: Counter[str] = field(default_factory=Counter)
-    seconds: Counter[str] = field(default_factory=Counter)
-
-    def mean_fill(self, kind: str) -> float:
-        """Mean patches per batch of ``kind`` (0 when none ran)."""
-        n = self.batches[kind]
-        return self.patch_steps[kind] / n if n else 0.0
 
 
 class StepPool:
@@ -58,7 +42,6 @@ class StepPool:
             raise ValueError("a stepped model's plan needs at least one step")
         self.plan = tuple(plan)
         self.waiting: list[Patch] = []
-        self.stats = StepStats()
 
     def __len__(self) -> int:
         return len(self.waiting)
