@@ -16,9 +16,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from geoserve import Engine
-from geoserve.errors import ConfigError, ModelExecutionError
-from geoserve.models.steps import noise_field, patch_generator
-from tests.conftest import read
+from geoserve.errors import ConfigError, ModelExecutionError, ProcessorMismatchError
+from geoserve.models.steps import SteppedModel, noise_field, patch_generator
+from tests.conftest import processors_of, read
 from tests.stub_models import STEPS_ADDED
 
 
@@ -175,3 +175,13 @@ def test_noise_fields_of_other_seeds_streams_and_scales_differ():
     a = torch.randn(4, generator=patch_generator(1, (0, 16), step=2))
     assert torch.equal(a, torch.randn(4, generator=patch_generator(1, (0, 16), step=2)))
     assert not torch.equal(a, torch.randn(4, generator=patch_generator(1, (0, 16), step=3)))
+
+
+def test_a_stepped_model_without_steps_is_refused_at_start_up(register_model):
+    class NoSteps(SteppedModel):
+        def plan(self) -> tuple[str, ...]:
+            return ()
+
+    name = register_model("test-no-steps", NoSteps, *processors_of("test-steps"))
+    with pytest.raises(ProcessorMismatchError, match="plan\\(\\) names none"):
+        Engine(name)

@@ -105,6 +105,8 @@ def load_model(model: str | ModelSpec, cfg: EngineConfig) -> LoadedModel:
     if spec.token_size and any(p.kind in TOKEN_KINDS for p in out_procs):
         size, blend = in_proc.patch_size, cast(BlendMode, in_proc.blend)
         check_token_tiling(PatchGrid(size, size, size, in_proc.stride, blend), spec.token_size)
+    if isinstance(module, SteppedModel) and not module.plan():
+        raise ProcessorMismatchError(f"model {spec.name!r} takes steps but its plan() names none")
     if cfg.compile and isinstance(module, SteppedModel):
         raise ConfigError(
             f"model {spec.name!r} takes several steps per patch; --compile is not supported "
