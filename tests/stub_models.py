@@ -243,3 +243,6 @@ class NoisySteps(SteppedModel):
         for s, o in zip(state["seed"].tolist(), state["origin"].tolist(), strict=True):
             self._live.discard((s, *o))
         return torch.cat([state["x"], state["z"]], dim=1)
+
+
+import tests.generate_stub  # noqa: E402, F401  (registers test-generate)

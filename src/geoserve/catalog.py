@@ -33,7 +33,9 @@ class ModelEntry:
     name: str
     plugin: str
     description: str
-    weights: str  # "required", "built in" (geoserve's own), "registered" (configured) or "none"
+    weights: (
+        str  # "required", "built in" (geoserve's own), "registered" (configured), "Hub" or "none"
+    )
     weights_hint: str = ""
     input_description: str = ""  # what it takes, in words (ModelSpec.input_description)
     bands: list[int | str] | None = None  # None: every band of the input
@@ -60,6 +62,8 @@ class ModelEntry:
                 )
                 if len(bands) > BAND_LIST_WIDTH:
                     bands = "+".join(self.modalities)
+                if len(bands) > BAND_LIST_WIDTH:
+                    bands = f"{len(self.modalities)} modalities"
             if self.num_frames > 1:
                 bands += f" ({self.num_frames} dates)"
             output = ",".join(self.classes) if self.classes else self.output
@@ -92,6 +96,8 @@ def model_entries() -> list[ModelEntry]:
             weights = "registered"
         else:
             weights = "built in" if plugin == "geoserve" else "none"
+            if getattr(spec, "loads_weights", False) and plugin != "geoserve":
+                weights = "Hub"  # (the factory finds the published weights itself)
         entry = ModelEntry(
             name, plugin, spec.description, weights, spec.weights_hint, spec.input_description
         )

@@ -61,6 +61,7 @@ from geoserve.job_wire import (
     parse_results,
     parse_status,
 )
+from geoserve.seeds import SEED_RANGE, is_seed
 
 #: Largest answer read whole (status and results documents, a STAC Item, a sidecar).
 MAX_DOCUMENT_BYTES = 16 * 1024 * 1024
@@ -163,6 +164,7 @@ class Client:
         bands: Sequence[int | str] | None = None,
         dates: Any = None,
         priority: int = 0,
+        seed: int | None = None,
         server_paths: bool = False,
     ) -> str:
         """Start a job running ``inputs``; its job id.
@@ -171,11 +173,13 @@ class Client:
         scene or its dates. Each is a local file (uploaded), bytes (uploaded), an
         ``http(s)://`` URL, or with ``server_paths`` a path on the server; one job's inputs
         are all of one of these. ``model``: checked against the model the server serves (it
-        serves one). ``output_kind``, ``bands``, ``dates`` and ``priority`` mean what they
-        mean for ``Engine.generate_image`` and ``POST /v1/images``.
+        serves one). ``output_kind``, ``bands``, ``dates``, ``priority`` and ``seed`` (of a
+        generative model's random draws; None: the server's default, 0) mean what they mean
+        for ``Engine.generate_image`` and ``POST /v1/images``.
 
         Raises:
-            ConfigError: another model than the server's; InputError: inputs of mixed
+            ConfigError: another model than the server's, or a seed that is not an integer
+                from 0 to 2**63 - 1 (naming ``seed``); InputError: inputs of mixed
                 kinds, or dates with uploaded modalities; RasterReadError: a local file that
                 does not exist; ServerError: the server refused the job (its message).
         """
@@ -186,6 +190,10 @@ class Client:
                     f"the server at {self.url} serves model {served!r}, not {model!r}"
                 )
         options: dict[str, Any] = {}
+        if seed is not None:
+            if not is_seed(seed):
+                raise ConfigError(f"seed: {SEED_RANGE}, got {seed!r:.40}")
+            options["seed"] = seed
         if bands is not None:
             options["bands"] = list(bands)
         if isinstance(output_kind, str):

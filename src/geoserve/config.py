@@ -85,6 +85,23 @@ class EngineConfig(BaseModel):
     """Embeddings outputs: the encoder block whose tokens are written (0-based; -1: the last)."""
     embedding_dtype: Literal["float32", "float16"] = "float32"
     """Embeddings output: the GeoTIFF's data type."""
+    steps: Annotated[int, Field(ge=1, le=1000)] | None = None
+    """Generative models: denoising steps of each diffusion-decoded output (TerraMind:
+    TerraTorch's trailing spacing, so 50 runs 50 UNet calls and 3 runs 4; default: the
+    model's, 50 for TerraMind)."""
+    temperature: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None
+    """Generative models: token sampling temperature (0: the most likely token, no
+    randomness; default: the model's, 1.0 for TerraMind)."""
+    top_p: Annotated[float, Field(ge=0, le=1)] | None = None
+    """Generative models: sample among the most likely tokens whose probability passes top_p
+    (0: all; default: the model's, 0.8 for TerraMind)."""
+    top_k: Annotated[int, Field(ge=0)] | None = None
+    """Generative models: sample among the top_k most likely tokens (0: all; default: the
+    model's, 0 for TerraMind)."""
+    batch_invariant: bool | None = None
+    """Generative models: run each patch's network calls alone within its batch, so its output
+    never depends on the batch it shared, bit for bit (default: on; off: whole-batch calls,
+    faster on a GPU, equal across batch sizes only to float rounding)."""
     max_batch_patches: Annotated[int, Field(ge=1)] | Literal["auto"] = 16
     """Most patches per forward pass, from all pending requests ('auto': from free GPU memory)."""
     compile: bool = False

@@ -21,9 +21,24 @@ OutFormat = Literal["path", "tensor", "b64", "bytes"]
 #: probability, the class regions as polygons (a vector file), the encoder's patch tokens on
 #: the token grid, or one pooled embedding per patch (a vector file).
 OutputKind = Literal[
-    "classes", "probabilities", "raw", "confidence", "polygons", "embeddings", "patch-embeddings"
+    "classes",
+    "probabilities",
+    "raw",
+    "confidence",
+    "polygons",
+    "embeddings",
+    "patch-embeddings",
+    # generated modalities (TerraMind): one product each, in physical units
+    "s2l2a",
+    "s1grd",
+    "s1rtc",
+    "dem",
+    "ndvi",
+    "lulc",
 ]
 OUTPUT_KINDS: tuple[str, ...] = get_args(OutputKind)
+#: Kinds that are a generated modality (a generative model's products).
+GENERATED_KINDS: tuple[str, ...] = ("s2l2a", "s1grd", "s1rtc", "dem", "ndvi", "lulc")
 #: Kinds written as a vector file rather than a raster.
 VECTOR_KINDS: tuple[str, ...] = ("polygons", "patch-embeddings")
 #: Kinds made of the encoder's tokens (from the same forward pass), not of the model's output.

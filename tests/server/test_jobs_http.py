@@ -181,7 +181,7 @@ def test_ogc_documents(client: httpx.Client) -> None:
     (process,) = client.get("/ogcapi/processes").json()["processes"]
     assert process["id"] == "test-slow"
     described = client.get("/ogcapi/processes/test-slow").json()
-    assert {"image", "output_kind", "bands", "dates"} == set(described["inputs"])
+    assert {"image", "output_kind", "bands", "dates", "seed"} == set(described["inputs"])
     assert "raw" in described["outputs"]
     assert client.get("/ogcapi/processes/nope").json()["status"] == 404
 

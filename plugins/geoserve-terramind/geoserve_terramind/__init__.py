@@ -5,6 +5,11 @@ TerraMind v1 size, read by :func:`geoserve.models.load_checkpoint` (the architec
 the weights and from a ``config.yaml`` beside them). Inputs are normalised with TerraMind's
 published pretraining statistics (:data:`geoserve.models.terramind.variants.MODALITIES`).
 
+The ``terramind-v1-<size>-generate`` models generate modalities (S2L2A, S1GRD, S1RTC, DEM,
+NDVI, LULC) from any set of the raw-pixel ones (:mod:`geoserve.models.terramind.generate`):
+the output kinds name what is generated (``--output-kind s1grd,lulc``); weights from the Hub's
+published checkpoints (or their cache), a directory of them, or one TerraTorch state dict.
+
 Import only geoserve's public modules here (registries, processors, models).
 """
 
@@ -17,6 +22,9 @@ from torch import nn
 from geoserve.errors import WeightsError
 from geoserve.models import load_checkpoint
 from geoserve.models.terramind import TerraMindSegmentation
+from geoserve.models.terramind.generate import RAW_INPUTS, TerraMindGenerate
+from geoserve.models.terramind.generation_weights import GenerationFiles
+from geoserve.models.terramind.products import GeneratedProducts
 from geoserve.models.terramind.variants import MODALITIES, modality_key
 from geoserve.processors import (
     GeoTiffPatcher,
@@ -113,6 +121,47 @@ def sen1floods11(weights: str | Path) -> nn.Module:
 def s2l2a_water(weights: str | Path) -> nn.Module:
     """TerraMind v1 (any size) + UNet/UperNet on S2 L2A; the input tensor is the one modality."""
     return _load(weights, "terramind-v1-s2l2a-water", {"S2L2A": 12}, 2)
+
+
+def _register_generate(size: str) -> None:
+    name = f"terramind-v1-{size}-generate"
+
+    def factory(weights: str | Path | None) -> nn.Module:
+        return TerraMindGenerate(GenerationFiles(size, weights))
+
+    factory.__doc__ = f"TerraMind v1 {size}: any-to-any generation (tokens, then diffusion)."
+    factory.__name__ = factory.__qualname__ = f"generate_{size}"
+    decorate = [
+        MODEL_REGISTRY.register_model(
+            name,
+            description=f"TerraMind v1 {size} generation: S2L2A, S1GRD, S1RTC, DEM, NDVI or "
+            "LULC from any of S2L2A, S2L1C, S1GRD, S1RTC, DEM, RGB (output kinds name what)",
+            input_description="modalities by name, each optional (S2L2A: 12 bands, S2L1C: 13, "
+            "S1GRD/S1RTC: VV, VH in dB, DEM: metres, RGB: 3 bands 0-255)",
+            weights_required=False,
+            loads_weights=True,
+            weights_hint=(
+                f"TerraMind_v1_{size}.pt and TerraMind_Tokenizer_<MODALITY>.pt ({HF}), "
+                "a directory of them, or a TerraTorch TerraMindGeneration state dict"
+            ),
+        ),
+        INPUT_REGISTRY.register_input_processor(
+            MultimodalPatcher(
+                modalities=tuple(_modality(m, False) for m in RAW_INPUTS),
+                patch_size=224,
+                stride=192,
+                blend="cosine",
+            )
+        ),
+        OUTPUT_REGISTRY.register_output_processor(GeneratedProducts()),
+    ]
+    registered: object = factory
+    for deco in reversed(decorate):
+        registered = deco(registered)
+
+
+for _size in ("tiny", "small", "base", "large"):
+    _register_generate(_size)
 
 
 def register() -> None:

@@ -15,6 +15,7 @@ from geoserve.cli.configured import add_configured_flags
 from geoserve.cli.multimodal import modality_input
 from geoserve.cli.options import add_model_flags
 from geoserve.config import EngineConfig
+from geoserve.seeds import SEED_RANGE, is_seed
 
 DEFAULT_MODEL = "demo-water"
 
@@ -26,6 +27,16 @@ def _positive(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"{value} must be >= 1")
+    return value
+
+
+def _seed(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give {SEED_RANGE}") from None
+    if not is_seed(value):
+        raise argparse.ArgumentTypeError(f"{value}: give {SEED_RANGE}")
     return value
 
 
@@ -131,6 +142,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="acquisition dates of the inputs, one per input in order, as comma-separated ISO "
         "dates (2020-06-01,2020-07-01); with -i, NAME=DATE per date of the modalities "
         "named (s2=2020-06-01,s1=2020-06-03); they win over date tags and file-name stamps",
+    )
+    p.add_argument(
+        "--seed",
+        type=_seed,
+        default=0,
+        metavar="N",
+        help="the seed of a generative model's random draws, for every request of the run "
+        "(0 to 2**63 - 1; default 0): the same seed and inputs give the same output; "
+        "one-pass models ignore it",
     )
     ray = p.add_argument_group("Ray (needs geoserve[ray]; see docs/scaling.md)")
     _ray_flags(ray, "run the scenes on a Ray cluster (-o is a directory)")

@@ -56,6 +56,7 @@ def _predict_on_ray(args: argparse.Namespace, config: EngineConfig) -> int:
         gpus_per_actor=args.gpus_per_actor,
         on_result=show,
         config=config,
+        seed=args.seed,
     )
     if not args.quiet:
         for result in summary.results:
@@ -253,7 +254,9 @@ def _predict_all(
     t0 = time.perf_counter()
     for item, path, when in zip(items, paths, dates, strict=False):
         if isinstance(item, list | dict) or item not in skip:
-            spec = RequestSpec(item, request_id=str(path), output_path=path, dates=when)
+            spec = RequestSpec(
+                item, request_id=str(path), output_path=path, dates=when, seed=args.seed
+            )
             engine.add_request(spec)
     total = engine.queued_patches
     progress = None
@@ -264,7 +267,7 @@ def _predict_all(
     from geoserve.cli.stac_items import ItemWriter, plan_items
 
     write_item = ItemWriter(
-        engine, plan_items(args.stac_item, items, paths, dates), quiet=args.quiet
+        engine, plan_items(args.stac_item, items, paths, dates, args.seed), quiet=args.quiet
     )
     if quicklooks:  # import matplotlib while the model runs, not after it
         from geoserve.quicklook import preload

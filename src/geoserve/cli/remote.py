@@ -1,13 +1,14 @@
 """``geoserve predict --server URL``: the same requests as a local run, as jobs of a server.
 
 The arguments mean what they mean locally: each input (or with ``--time-series`` all of them,
-or the ``-i`` modalities) is one request; ``--output-kind``, ``--bands`` and ``--dates`` go
-with it; ``-o`` / ``--output-dir`` and ``--stac-item`` name the same files. Local files are
-uploaded with their job, URLs sent for the server to fetch. The progress bar is the local
-one, over the patches the server reports; each job's outputs are downloaded (whole, then
-renamed into place) to exactly the files a local run writes, a class map's ``.aux.xml``
-sidecar included. ``--stac-item`` writes the server's Item of the job, its asset hrefs and
-inputs made the local run's (files beside the Item, inputs as given on the command line).
+or the ``-i`` modalities) is one request; ``--output-kind``, ``--bands``, ``--dates`` and
+``--seed`` go with it; ``-o`` / ``--output-dir`` and ``--stac-item`` name the same files.
+Local files are uploaded with their job, URLs sent for the server to fetch. The progress bar
+is the local one, over the patches the server reports; each job's outputs are downloaded
+(whole, then renamed into place) to exactly the files a local run writes, a class map's
+``.aux.xml`` sidecar included. ``--stac-item`` writes the server's Item of the job, its asset
+hrefs and inputs made the local run's (files beside the Item, inputs as given on the command
+line).
 
 The model is the server's (``--model``, if given, must name it), and so are its engine
 options: the flags that only set up a local engine (``--device``, ``--dtype``,
@@ -89,7 +90,7 @@ def _refuse_local_options(args: argparse.Namespace, from_file: dict[str, Any]) -
     if flags:
         raise ConfigError(
             f"{', '.join(flags)}: not with --server (the server runs the model with its own "
-            "engine options; a job takes --output-kind, --bands and --dates)"
+            "engine options; a job takes --output-kind, --bands, --dates and --seed)"
         )
     if keys:
         raise ConfigError(
@@ -180,7 +181,11 @@ class _RemoteRun:
         try:
             return str(
                 self.client.submit(
-                    item, output_kind=self.config.output_kind, bands=self.config.bands, dates=when
+                    item,
+                    output_kind=self.config.output_kind,
+                    bands=self.config.bands,
+                    dates=when,
+                    seed=self.args.seed,
                 )
             )
         except (ServerUnreachableError, ServerAuthError):

@@ -30,9 +30,15 @@ class Planned:
 
 
 def plan_items(
-    value: str | None, items: Sequence[Any], paths: Sequence[Path | None], dates: Sequence[Any]
+    value: str | None,
+    items: Sequence[Any],
+    paths: Sequence[Path | None],
+    dates: Sequence[Any],
+    seed: int = 0,
 ) -> dict[str, Planned]:
     """Request id (its output path) -> its Item's plan; empty without ``--stac-item``.
+
+    ``seed``: every request's (``--seed``), named in its Item's options.
 
     Raises:
         ConfigError: ``PATH`` for several requests, a ``PATH`` not named ``.json``, or an Item
@@ -47,7 +53,7 @@ def plan_items(
     targets = item_targets(value, items, paths)
     for item, path, when in zip(items, paths, dates, strict=False):
         assert path is not None
-        options = request_options(RequestSpec(item, dates=when))
+        options = request_options(RequestSpec(item, dates=when, seed=seed))
         plans[str(path)] = Planned(targets[str(path)], given_inputs(item), options)
     return plans
 

@@ -22,6 +22,7 @@ from typing import Any
 from geoserve.config import EngineConfig
 from geoserve.errors import ConfigError, GeoServeError, PluginLoadError
 from geoserve.raster.sinks import output_paths, product_paths
+from geoserve.seeds import SEED_RANGE, is_seed
 
 
 @dataclass(frozen=True)
@@ -89,7 +90,12 @@ class SceneRunner:
     """The Ray Data actor: one engine, scenes in, results out (paths only)."""
 
     def __init__(
-        self, model: str, config: EngineConfig, retries: int, imports: Sequence[str]
+        self,
+        model: str,
+        config: EngineConfig,
+        retries: int,
+        imports: Sequence[str],
+        seed: int = 0,
     ) -> None:
         from geoserve.engine import Engine
 
@@ -97,6 +103,7 @@ class SceneRunner:
             importlib.import_module(module)
         self.engine = Engine(model, config)
         self.retries = retries
+        self.seed = seed
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, list[Any]]:
         """Run a batch of scenes (all in one engine, so they share batches); one row each."""
@@ -111,7 +118,8 @@ class SceneRunner:
             t0 = time.perf_counter()
             for path, out in pending.items():
                 attempts[path] += 1
-                self.engine.add_request(RequestSpec(path, request_id=path, output_path=out))
+                spec = RequestSpec(path, request_id=path, output_path=out, seed=self.seed)
+                self.engine.add_request(spec)
             for result in self.engine.run_until_done():
                 path = result.request_id
                 if result.error is None:
@@ -157,6 +165,7 @@ def run_batch(
     imports: Sequence[str] = (),
     on_result: Callable[[SceneResult], None] | None = None,
     config: EngineConfig | None = None,
+    seed: int = 0,
     **overrides: Any,
 ) -> BatchSummary:
     """Run scenes (paths or glob patterns) on Ray; outputs go to the directory ``out_dir``.
@@ -167,12 +176,14 @@ def run_batch(
     are modules each actor imports first (models registered in code rather than through an
     installed plugin). Each actor's engine runs with ``config`` (an
     :class:`~geoserve.config.EngineConfig`), with ``overrides`` (its field names: weights,
-    patch_size, device, ...) applied. The model and the configuration are checked here first,
-    so a wrong name or value fails at once.
+    patch_size, device, ...) applied. ``seed``: every scene's request's (a generative model's
+    random draws; each patch's derive from it and the patch's place on its scene). The model,
+    the configuration and the seed are checked here first, so a wrong name or value fails at
+    once.
 
     Raises:
         PluginLoadError: Ray is not installed (``pip install 'geoserve[ray]'``).
-        ConfigError: a glob pattern matches nothing.
+        ConfigError: a glob pattern matches nothing, or a seed that is not one.
     """
     try:
         import ray
@@ -180,6 +191,8 @@ def run_batch(
         raise PluginLoadError(f"Ray is not installed: pip install 'geoserve[ray]' ({exc})") from exc
     from geoserve.engine import resolve_model
 
+    if not is_seed(seed):
+        raise ConfigError(f"seed: {SEED_RANGE}, got {seed!r:.40}")
     for module in imports:
         importlib.import_module(module)
     default_kind = resolve_model(model)[2].kind
@@ -215,6 +228,7 @@ def run_batch(
                 "config": config,
                 "retries": retries,
                 "imports": list(imports),
+                "seed": seed,
             },
             batch_size=scenes_per_call,
             compute=ray.data.ActorPoolStrategy(size=max(1, min(actors, len(todo)))),

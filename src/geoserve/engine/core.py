@@ -40,7 +40,7 @@ from geoserve.engine.request import Request
 from geoserve.engine.request_spec import ImageInput, RequestSpec
 from geoserve.engine.scheduler import Scheduler
 from geoserve.engine.startup import load_model, make_runner, start_up
-from geoserve.engine.stepping import StepPool
+from geoserve.engine.stepping import StepPool, StepStats
 from geoserve.engine.tensor_request import tensor_procs
 from geoserve.errors import GeoServeError, NotGeoreferencedWarning
 from geoserve.processors.base import OutputProcessor
@@ -140,6 +140,11 @@ class Engine:
     @max_batch_patches.setter
     def max_batch_patches(self, n: int) -> None:
         self.runner.max_batch_patches = n
+
+    @property
+    def step_stats(self) -> StepStats | None:
+        """A stepped model's steps run so far, per kind (None: a one-pass model)."""
+        return self.runner.step_stats
 
     @property
     def output_dir(self) -> Path:

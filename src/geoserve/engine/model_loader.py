@@ -10,6 +10,7 @@ the model and the keys that do not match). Weights given as a Hub reference
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
@@ -89,12 +90,17 @@ def build_model(
 
 
 def load_module(
-    spec: ModelSpec, config: EngineConfig, device: torch.device, dtype: torch.dtype | None
+    spec: ModelSpec,
+    config: EngineConfig,
+    device: torch.device,
+    dtype: torch.dtype | None,
+    fit: Callable[[torch.nn.Module], None] | None = None,
 ) -> torch.nn.Module:
     """``spec``'s module as ``config`` runs it, before compiling.
 
-    The CPU options are checked, the module built with its weights (:func:`build_model`), and
-    quantized when asked (after the weights, before compiling).
+    The CPU options are checked, the module built with its weights (:func:`build_model`),
+    given to ``fit`` (which may load more weights into it: it is moved to ``device`` again
+    after), and quantized when asked (after the weights, before compiling).
 
     Raises:
         ConfigError, WeightsError, ProcessorMismatchError: as :func:`build_model`, and for
@@ -103,6 +109,9 @@ def load_module(
     q = config.quantize
     check_cpu_options(device, dtype, q, model=spec.name, validated=spec.validated)
     module = build_model(spec, config.weights, device)
+    if fit is not None:
+        fit(module)
+        module = module.to(device).eval()
     return module if q is None else quantize_model(module, q, spec.name)
 
 

@@ -37,6 +37,7 @@ from geoserve.raster.input_values import NamedBytes, RasterWindow
 from geoserve.raster.source import DataFormat, RasterLike
 from geoserve.raster.stac_item import StacItem, is_stac_input
 from geoserve.schemas import OUT_FORMATS, OutFormat
+from geoserve.seeds import SEED_RANGE, is_seed
 
 if TYPE_CHECKING:
     from geoserve.engine.batch import PatchKeys
@@ -182,8 +183,8 @@ class RequestSpec:
             raise ConfigError(
                 f"invalid out_format {self.out_format!r}; choose one of {', '.join(OUT_FORMATS)}"
             )
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not _seed_ok(self.seed):
-            raise ConfigError(f"seed: an integer from 0 to 2**63 - 1, got {self.seed!r:.40}")
+        if not is_seed(self.seed):
+            raise ConfigError(f"seed: {SEED_RANGE}, got {self.seed!r:.40}")
         if upfront:
             self._check_count(engine)
         spec = self.normalised()
@@ -260,7 +261,7 @@ class RequestSpec:
             inputs = _restored_list(raw, "inputs")
         path = _field(data, "output_path", str)
         seed = _field(data, "seed", int) or 0
-        if not _seed_ok(seed):
+        if not is_seed(seed):
             raise InputError("request spec: 'seed' must be from 0 to 2**63 - 1")
         return cls(
             inputs,
@@ -404,11 +405,6 @@ def _unb64(text: Any, where: str) -> bytes:
 def _number(x: float) -> int | float:
     """A window offset or size as JSON keeps it (a whole number as an int)."""
     return int(x) if float(x).is_integer() else float(x)
-
-
-def _seed_ok(seed: int) -> bool:
-    """Whether ``seed`` is a seed the random draws take (0 to 2**63 - 1)."""
-    return 0 <= seed < 2**63
 
 
 def _field(data: Mapping[str, Any], name: str, kind: type) -> Any:

@@ -35,7 +35,7 @@ from numpy.typing import NDArray
 
 from geoserve.engine import transfer
 from geoserve.engine.batch import BatchOutput, Patch
-from geoserve.engine.stepping import forward_step
+from geoserve.engine.stepping import StepStats, forward_step
 from geoserve.errors import (
     GeoServeError,
     ModelExecutionError,
@@ -89,6 +89,8 @@ class ModelRunner:
         self._staging = transfer.Staging()  # CPU batches, reused (see the module docstring)
         #: A stepped model's step kinds (None: one forward pass per patch).
         self.plan = self.eager.plan() if isinstance(self.eager, SteppedModel) else None
+        #: Its steps run so far, per kind (None: one-pass model).
+        self.step_stats = StepStats(self.plan) if self.plan is not None else None
 
     # -- running batches ---------------------------------------------------------------------
 

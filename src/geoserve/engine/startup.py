@@ -45,6 +45,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+#: The engine options only a generative (stepped) model takes.
+GENERATION_OPTIONS = ("steps", "temperature", "top_p", "top_k", "batch_invariant")
+
 
 @dataclass(frozen=True)
 class LoadedModel:
@@ -100,7 +103,29 @@ def load_model(model: str | ModelSpec, cfg: EngineConfig) -> LoadedModel:
         out_procs = output_processors(spec, out_proc, cfg.output_kind, cfg)
     dtype = resolve_dtype(cfg.dtype)
     limit_gdal_cache()
-    module = load_module(spec, cfg, device, dtype)
+    options = {k: getattr(cfg, k) for k in GENERATION_OPTIONS if getattr(cfg, k) is not None}
+
+    def fit(module: torch.nn.Module) -> None:
+        if not isinstance(module, SteppedModel):
+            if options:
+                raise ConfigError(
+                    f"model {spec.name!r} does not generate: {', '.join(options)} apply to "
+                    "generative models only"
+                )
+            return
+        try:
+            module.configure(
+                kinds=[p.kind for p in out_procs],
+                options=options,
+                patch_size=in_proc.patch_size,
+                stride=in_proc.stride,
+            )
+        except ConfigError as exc:
+            raise ConfigError(f"model {spec.name!r}: {exc}") from None
+
+    module = load_module(spec, cfg, device, dtype, fit)
+    out_proc = out_proc.fitted(module)
+    out_procs = tuple(p.fitted(module) for p in out_procs)
     output_processors(spec, out_proc, [p.kind for p in out_procs], cfg, module)  # (+ the model)
     if spec.token_size and any(p.kind in TOKEN_KINDS for p in out_procs):
         size, blend = in_proc.patch_size, cast(BlendMode, in_proc.blend)

@@ -12,11 +12,19 @@ requests. Finishing the most advanced first keeps the pool small and lets rows f
 order, so rows still stream: a row is stitched once all its patches took all their steps.
 
 A request that fails or is aborted takes its waiting patches out of the pool.
+
+**What the steps cost.** :class:`StepStats` counts, per step kind, the step batches run, the
+patch-steps they held (a batch of B patches is B patch-steps), the seconds they took and their
+fill (B over the batch cap), for the engine's :attr:`~geoserve.engine.core.Engine.step_stats`
+and the server's ``/metrics``.
 """
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -28,6 +36,64 @@ if TYPE_CHECKING:
     from geoserve.engine.batch import Patch
     from geoserve.engine.request import Request
     from geoserve.engine.runner import ModelRunner
+
+
+@dataclass(frozen=True)
+class StepKindStats:
+    """The steps of one kind run so far.
+
+    Attributes:
+        batches: Step batches run (a batch split after running out of memory: each half).
+        patch_steps: Patches stepped, summed over those batches.
+        seconds: Wall time of those batches' step calls in the engine thread (the model's
+            ``begin``, ``step`` and ``finish``; on a GPU, with what the host waited for).
+        fill: Each batch's patches over the batch cap it ran under, summed.
+    """
+
+    batches: int = 0
+    patch_steps: int = 0
+    seconds: float = 0.0
+    fill: float = 0.0
+
+    @property
+    def steps_per_second(self) -> float:
+        """Patch-steps per second of step time (0 before any step)."""
+        return self.patch_steps / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def mean_fill(self) -> float:
+        """Mean batch fill, in (0, 1] (0 before any step)."""
+        return self.fill / self.batches if self.batches else 0.0
+
+
+class StepStats:
+    """Step batches run, per step kind (see the module docstring); thread-safe.
+
+    The engine thread records each step; :meth:`snapshot` may be read from any thread.
+
+    Args:
+        plan: The model's step kinds (each starts at zero).
+    """
+
+    def __init__(self, plan: Sequence[str]) -> None:
+        self._lock = threading.Lock()
+        self._kinds = dict.fromkeys(plan, StepKindStats())
+
+    def record(self, kind: str, patches: int, seconds: float, cap: int) -> None:
+        """One step batch of ``kind``: ``patches`` patches in ``seconds``, under cap ``cap``."""
+        with self._lock:
+            was = self._kinds.get(kind, StepKindStats())
+            self._kinds[kind] = StepKindStats(
+                was.batches + 1,
+                was.patch_steps + patches,
+                was.seconds + seconds,
+                was.fill + patches / max(cap, patches, 1),
+            )
+
+    def snapshot(self) -> dict[str, StepKindStats]:
+        """Each step kind's counts as they stand now, in plan order."""
+        with self._lock:
+            return dict(self._kinds)
 
 
 class StepPool:
@@ -144,9 +210,10 @@ def forward_step(
     """
     x: Any = runner.inputs(batch) if batch[0].state is None else None
     kwargs = runner.model_kwargs(batch)
-    module, plan = runner.eager, runner.plan
-    if not isinstance(module, SteppedModel) or plan is None:
+    module, plan, stats = runner.eager, runner.plan, runner.step_stats
+    if not isinstance(module, SteppedModel) or plan is None or stats is None:
         raise TypeError(f"model {runner.name!r} does not take steps")
+    kind, t0 = plan[batch[0].step], time.perf_counter()
     try:
         with torch.inference_mode(), runner.autocast():
             y, done = step_forward(module, plan, batch, x, kwargs, runner.device)
@@ -154,6 +221,7 @@ def forward_step(
         raise
     except Exception as exc:
         raise runner.model_failed(batch[0].request.ctx, x, exc) from exc
+    stats.record(kind, len(batch), time.perf_counter() - t0, runner.max_batch_patches)
     if y is None:
         return None, done
     return runner.checked(y, done, x), done

@@ -24,11 +24,13 @@ so a diffusion starts from the same noise across a patch border.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 import torch
 from torch import nn
+
+from geoserve.errors import ConfigError
 
 State = dict[str, torch.Tensor]
 """A batch's state between steps: tensors whose first dimension is the batch."""
@@ -45,6 +47,31 @@ class SteppedModel(nn.Module):
     the first state is more than the input). ``forward`` runs every step on one batch, so the
     model works outside the engine too (and the engine's warm-up checks it that way).
     """
+
+    def configure(
+        self,
+        *,
+        kinds: Sequence[str],
+        options: Mapping[str, Any],
+        patch_size: int,
+        stride: int,
+    ) -> None:
+        """Fit the model to the engine before its weights move to the device.
+
+        Called once by the engine at start-up, before :meth:`plan`. ``kinds``: the engine's
+        output kinds (a generative model may generate exactly what they name); ``options``:
+        the generation options the configuration sets (``steps``, ``temperature``,
+        ``top_p``, ``top_k``, ``batch_invariant``: only those given); ``patch_size`` and
+        ``stride``: the engine's tiling. The default takes no option.
+
+        Raises:
+            ConfigError: an option, kind or tiling the model cannot take, naming it.
+        """
+        if options:
+            raise ConfigError(
+                f"{type(self).__name__} takes no generation options "
+                f"(given: {', '.join(sorted(options))})"
+            )
 
     def plan(self) -> tuple[str, ...]:
         """The kind of each step, in order (at least one).

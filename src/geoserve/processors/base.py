@@ -298,6 +298,13 @@ class OutputProcessor(ABC, Configurable):
         its metadata must depend on ``ctx`` only, never on the band's values.
         """
 
+    def fitted(self, model: Any) -> OutputProcessor:
+        """The processor fitted to the built model; itself by default.
+
+        E.g. to what a generative model was configured to generate. Called once at start-up.
+        """
+        return self
+
     @abstractmethod
     def for_kind(self, kind: str) -> OutputProcessor:
         """A variant of this processor producing ``kind`` output.

@@ -24,6 +24,7 @@ from pydantic import (
 
 from geoserve.errors import InputError, UnsupportedMediaTypeError
 from geoserve.schemas import OutputKind
+from geoserve.seeds import MAX_SEED
 
 InFormat = Literal["b64_json", "path", "url"]
 OutDataFormat = Literal["b64_json", "path", "geotiff"]
@@ -52,6 +53,10 @@ class ImageOptions(BaseModel):
     output_kind: OutputKind | None = None
     output_kinds: Annotated[list[OutputKind], Field(min_length=1, max_length=8)] | None = None
     """Several kinds from one model pass; the response has one entry per kind."""
+    seed: Annotated[int, Field(ge=0, le=MAX_SEED, strict=True)] | None = None
+    """The seed of a generative model's random draws (0 to 2**63 - 1; none: 0): the same
+    seed and inputs give the same output. A JSON integer only (not text, a float or a
+    boolean); one-pass models ignore it."""
 
     @model_validator(mode="after")
     def _one_way(self) -> ImageOptions:

@@ -109,7 +109,9 @@ class _Service:
                 admission_threads=s.admission_threads,
             )
             self.metrics.bind(
-                lambda: async_engine.remaining_patches, lambda: async_engine.in_flight
+                lambda: async_engine.remaining_patches,
+                lambda: async_engine.in_flight,
+                steps=eng.step_stats,
             )
             self.state["engine"] = async_engine
             logger.info("model %s ready", s.model)
@@ -255,6 +257,7 @@ class _Service:
             bands=body.options.bands,
             output_kind=body.options.kinds,
             priority=body.priority,
+            seed=body.options.seed or 0,
             dates=dates,
         )
         rid, result = await self.run(request, spec, body.out_data_format)

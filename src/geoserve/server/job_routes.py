@@ -179,6 +179,7 @@ class JobRoutes:
             bands=body.options.bands,
             output_kind=body.options.kinds,
             priority=body.priority,
+            seed=body.options.seed or 0,
             dates=body.dates,
         )
         job = await self.create_job(spec)

@@ -9,6 +9,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from geoserve.engine.patch_cache import PatchCache
+from geoserve.engine.stepping import StepStats
 from geoserve.schemas import ImageRequestOutput, StageTimings
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
@@ -69,12 +70,20 @@ class Metrics:
             "Class-map pixels the model returned NaN or inf for (written as nodata)",
             registry=r,
         )
+        self.steps = StepStatsCollector()
+        r.register(self.steps)
         self._max_batch = max_batch_patches
 
-    def bind(self, queue_depth: Callable[[], float], in_flight: Callable[[], float]) -> None:
-        """Read the gauges from the engine when scraped."""
+    def bind(
+        self,
+        queue_depth: Callable[[], float],
+        in_flight: Callable[[], float],
+        steps: StepStats | None = None,
+    ) -> None:
+        """Read the gauges (and a stepped model's ``steps``) from the engine when scraped."""
         self.queue_depth.set_function(queue_depth)
         self.in_flight.set_function(in_flight)
+        self.steps.stats = steps
 
     def observe_batch(self, size: int) -> None:
         """Record one forward pass (called from the engine thread)."""
@@ -114,3 +123,39 @@ class PatchCacheCollector:
         yield GaugeMetricFamily(
             "geoserve_tile_cache_bytes", "Bytes held by the patch cache", self.cache.bytes
         )
+
+
+class StepStatsCollector:
+    """A stepped model's :class:`StepStats` for ``/metrics``, by step kind (read when scraped).
+
+    No series at all for a one-pass model (``stats`` None).
+    """
+
+    def __init__(self) -> None:
+        self.stats: StepStats | None = None
+
+    def collect(self) -> Iterator[Any]:
+        """The four series, one sample per step kind of the model's plan."""
+        if self.stats is None:
+            return
+        kinds = self.stats.snapshot()
+        batches = CounterMetricFamily(
+            "geoserve_step_batches", "Step batches run, by step kind", labels=["kind"]
+        )
+        steps = CounterMetricFamily(
+            "geoserve_patch_steps", "Patch-steps run (step batch sizes, summed)", labels=["kind"]
+        )
+        seconds = CounterMetricFamily(
+            "geoserve_step_seconds", "Seconds the step batches took", labels=["kind"]
+        )
+        fill = GaugeMetricFamily(
+            "geoserve_step_batch_fill_ratio",
+            "Mean step batch size / max_batch_patches since start",
+            labels=["kind"],
+        )
+        for kind, k in kinds.items():
+            batches.add_metric([kind], k.batches)
+            steps.add_metric([kind], k.patch_steps)
+            seconds.add_metric([kind], k.seconds)
+            fill.add_metric([kind], k.mean_fill)
+        yield from (batches, steps, seconds, fill)

@@ -2,11 +2,11 @@
 
 The served model is one process, named after it. Its description lists the inputs an
 execution takes (``image``: one scene, a list of dates, or for a multimodal model an object of
-modality name to scene; ``output_kind``, ``bands``, ``dates``) and the outputs it can make (one
-per output kind the model offers), each with a JSON Schema. A scene is given by reference
-(``{"href": URL}`` for an allowed host, ``{"href": PATH}`` under an allowed input directory) or
-inline (``{"value": BASE64, "mediaType": "image/tiff"}``), under the same trust rules as
-``POST /v1/images``.
+modality name to scene; ``output_kind``, ``bands``, ``dates``; ``seed``, of a generative
+model's random draws) and the outputs it can make (one per output kind the model offers), each
+with a JSON Schema. A scene is given by reference (``{"href": URL}`` for an allowed host,
+``{"href": PATH}`` under an allowed input directory) or inline (``{"value": BASE64,
+"mediaType": "image/tiff"}``), under the same trust rules as ``POST /v1/images``.
 
 ``oas30`` is not declared: FastAPI serves an OpenAPI 3.1 document (``/openapi.json``), which
 the ``oas30`` conformance class does not cover.
@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from geoserve.engine.async_engine import AsyncEngine
+from geoserve.seeds import MAX_SEED
 
 _CONF = "http://www.opengis.net/spec/ogcapi-processes-1/1.0/conf/"
 #: The conformance classes this server meets (no ``oas30``: see the module docstring).
@@ -148,6 +149,14 @@ def process_description(model: str, base: str, eng: AsyncEngine) -> dict[str, An
             "minOccurs": 0,
             "maxOccurs": 1,
             "schema": {"type": "array", "items": {"type": "string"}},
+        },
+        "seed": {
+            "title": "seed",
+            "description": "The seed of a generative model's random draws: the same seed and "
+            "inputs give the same output (one-pass models ignore it).",
+            "minOccurs": 0,
+            "maxOccurs": 1,
+            "schema": {"type": "integer", "minimum": 0, "maximum": MAX_SEED, "default": 0},
         },
     }
     outputs = {

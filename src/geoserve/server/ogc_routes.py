@@ -26,6 +26,7 @@ from geoserve.engine.request_spec import RequestSpec
 from geoserve.errors import InputError, NotFoundError
 from geoserve.jobs import SUCCESSFUL, JobStore
 from geoserve.raster.source import DataFormat
+from geoserve.seeds import SEED_RANGE, is_seed
 from geoserve.server.job_routes import JobRoutes, status_info
 from geoserve.server.ogc_documents import (
     CONFORMANCE,
@@ -36,7 +37,7 @@ from geoserve.server.ogc_documents import (
 from geoserve.server.settings import ServerSettings
 
 PREFIX = "/ogcapi"
-_INPUTS = frozenset({"image", "output_kind", "bands", "dates"})
+_INPUTS = frozenset({"image", "output_kind", "bands", "dates", "seed"})
 _SYNC_POLL_S = 0.1
 
 
@@ -86,11 +87,15 @@ def spec_of(inputs: Any) -> RequestSpec:
     for name, value in (("output_kind", kinds), ("bands", bands)):
         if value is not None and not isinstance(value, (str, list)):
             raise InputError(f"inputs.{name}: a string or a list")
+    seed = inputs.get("seed")
+    if seed is not None and not is_seed(seed):
+        raise InputError(f"inputs.seed: {SEED_RANGE}, got {seed!r:.40}")
     return RequestSpec(
         data,
         data_format=next(iter(formats)),  # type: ignore[arg-type]
         output_kind=kinds,
         bands=[bands] if isinstance(bands, (str, int)) else bands,
+        seed=seed or 0,
         dates=inputs.get("dates"),
     )
 

@@ -24,8 +24,11 @@ from pathlib import Path
 import torch
 
 from geoserve.errors import WeightsError
+from geoserve.models.hub import resolve_weights
 from geoserve.models.state_dict import check_matches, load_strict, read_state_dict
 from geoserve.models.terramind.generation import TerraMindGenerator, generator_args
+from geoserve.models.terramind.tokenizers import VQVAE, DiVAE
+from geoserve.models.terramind.tokenizers.builders import load_tokenizer, tokenizer_spec
 from geoserve.models.terramind.variants import VARIANTS
 
 #: TerraTorch's prefix of the generator inside ``TerraMindGeneration``.
@@ -96,3 +99,65 @@ def load_generator(
     model = TerraMindGenerator(inputs, outputs, **args)
     load_strict(model, generator_state(state, model), source)
     return model.eval()
+
+
+def published_generator(variant: str) -> str:
+    """The Hub reference of a variant's pretrained weights (``tiny`` ... ``large``)."""
+    size = variant.removeprefix("terramind_v1_")
+    return f"hf://ibm-esa-geospatial/TerraMind-1.0-{size}/TerraMind_v1_{size}.pt"
+
+
+class GenerationFiles:
+    """Where a TerraMind generation model's weights are, for :class:`~.generate.TerraMindGenerate`.
+
+    ``weights`` is one of:
+
+    - ``None``: the published checkpoints on the Hugging Face Hub (the variant's
+      ``TerraMind_v1_<size>.pt`` and ``TerraMind_Tokenizer_<MODALITY>.pt`` for each generated
+      modality), fetched or read from the Hub cache (:mod:`geoserve.models.hub`);
+    - a directory holding those files under those names;
+    - one file: a TerraTorch ``TerraMindGeneration`` state dict (``sampler.model.*`` and
+      ``tokenizer.<key>.*``).
+
+    Only the tokenizers' decoder side is loaded (generated modalities are never inputs).
+
+    Raises (from :meth:`generator` and :meth:`tokenizer`):
+        WeightsError: a file that is missing (naming it and the file expected), unreadable
+            or does not fit.
+    """
+
+    def __init__(self, variant: str, weights: str | Path | None = None) -> None:
+        generator_args(variant)  # (refuses an unknown variant)
+        self.variant = variant.removeprefix("terramind_v1_")
+        self.weights = None if weights is None else Path(weights)
+
+    def _file(self, name: str, reference: str) -> Path:
+        if self.weights is None:
+            path = resolve_weights(reference)
+            assert path is not None
+            return path
+        path = self.weights / name
+        if not path.is_file():
+            raise WeightsError(
+                f"{self.weights}: no {name} in it (a TerraMind generation model's weights "
+                f"directory holds the generator's and each generated modality's tokenizer's "
+                f"published checkpoints; this one is {reference})"
+            )
+        return path
+
+    def generator(self, inputs: Sequence[str], outputs: Sequence[str]) -> TerraMindGenerator:
+        """The token generator, loaded strictly (:func:`load_generator`)."""
+        if self.weights is not None and self.weights.is_file():
+            return load_generator(self.weights, inputs, outputs, self.variant)
+        reference = published_generator(self.variant)
+        path = self._file(reference.rsplit("/", 1)[1], reference)
+        return load_generator(path, inputs, outputs, self.variant)
+
+    def tokenizer(self, modality: str) -> DiVAE | VQVAE:
+        """A generated modality's tokenizer, decoder side only (:func:`load_tokenizer`)."""
+        spec = tokenizer_spec(modality)
+        if self.weights is not None and self.weights.is_file():
+            prefix = f"tokenizer.{spec.key}."
+            return load_tokenizer(self.weights, spec.modality, encoder=False, prefix=prefix)
+        path = self._file(spec.weights.rsplit("/", 1)[1], spec.weights)
+        return load_tokenizer(path, spec.modality, encoder=False)
