@@ -150,6 +150,16 @@ class ShuttingDownError(GeoServeError, RuntimeError):
     """Raised for new requests while the engine drains before shutdown."""
 
 
+class JobStoreError(GeoServeError, RuntimeError):
+    """Raised when the job store's database fails once it is open.
+
+    The SQLite file removed, replaced or locked past the store's wait; a write refused (a
+    read-only file or disk, a full disk); the PostgreSQL server gone or the connection dropped.
+    The message names the store (its file, or its server without a password) and the
+    database's reason; the server answers it as a 503.
+    """
+
+
 class RequestTimeoutError(GeoServeError, TimeoutError):
     """Raised when a request does not finish within its deadline (its patches are dropped)."""
 
