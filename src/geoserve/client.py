@@ -40,6 +40,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from geoserve.config import check_request_options
 from geoserve.errors import (
     ConfigError,
     OutputWriteError,
@@ -165,6 +166,9 @@ class Client:
         dates: Any = None,
         priority: int = 0,
         seed: int | None = None,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        top_k: int | None = None,
         server_paths: bool = False,
     ) -> str:
         """Start a job running ``inputs``; its job id.
@@ -174,8 +178,9 @@ class Client:
         ``http(s)://`` URL, or with ``server_paths`` a path on the server; one job's inputs
         are all of one of these. ``model``: checked against the model the server serves (it
         serves one). ``output_kind``, ``bands``, ``dates``, ``priority`` and ``seed`` (of a
-        generative model's random draws; None: the server's default, 0) mean what they mean
-        for ``Engine.generate_image`` and ``POST /v1/images``.
+        generative model's random draws; None: the server's default, 0), ``temperature``,
+        ``top_p`` and ``top_k`` (a generative model's sampling; None: the server's) mean what
+        they mean for ``Engine.generate_image`` and ``POST /v1/images``.
 
         Raises:
             ConfigError: another model than the server's, or a seed that is not an integer
@@ -194,6 +199,8 @@ class Client:
             if not is_seed(seed):
                 raise ConfigError(f"seed: {SEED_RANGE}, got {seed!r:.40}")
             options["seed"] = seed
+        sampling = {"temperature": temperature, "top_p": top_p, "top_k": top_k}
+        options.update(check_request_options({k: v for k, v in sampling.items() if v is not None}))
         if bands is not None:
             options["bands"] = list(bands)
         if isinstance(output_kind, str):

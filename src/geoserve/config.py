@@ -298,6 +298,31 @@ def config_error(
 MAX_CONFIG_BYTES = 64 << 10
 
 
+#: The generation options one request may set for itself (``steps`` and ``batch_invariant``
+#: fix how the engine runs the model, so they are the engine's alone).
+REQUEST_GENERATION_OPTIONS = ("temperature", "top_p", "top_k")
+
+
+def check_request_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    """A request's generation options, validated as the engine's fields of the same names.
+
+    Raises:
+        ConfigError: an option a request cannot set, or a value out of its field's range,
+            naming it.
+    """
+    unknown = sorted(set(options) - set(REQUEST_GENERATION_OPTIONS))
+    if unknown:
+        raise ConfigError(
+            f"{', '.join(unknown)}: not a per-request option; a request may set "
+            f"{', '.join(REQUEST_GENERATION_OPTIONS)}"
+        )
+    try:
+        cfg = EngineConfig.model_validate(dict(options))
+    except ValidationError as exc:
+        raise config_error(exc, "", EngineConfig.model_fields) from None
+    return {k: getattr(cfg, k) for k in options}
+
+
 def read_config_file(path: str | Path) -> dict[str, Any]:
     """A configuration file's mapping: JSON for ``.json``, else YAML (a superset of JSON).
 

@@ -52,6 +52,7 @@ SPECS = [
         dates={"s1": ["2021-05-02"]},
     ),
     RequestSpec(RasterWindow("/vsicurl/https://host/scene.tif", Window(256, 512, 300, 200), "t")),
+    RequestSpec("s2.tif", output_kind="lulc", seed=9, temperature=0.5, top_p=0.9, top_k=40),
 ]
 
 
@@ -110,7 +111,9 @@ def test_unstorable_inputs_are_refused_naming_the_field():
 @pytest.mark.parametrize(
     ("stored", "message"),
     [
-        ({"inputs": ["a.tif"], "temperature": 1}, "unknown field 'temperature'"),
+        ({"inputs": ["a.tif"], "steps": 1}, "unknown field 'steps'"),
+        ({"inputs": ["a.tif"], "temperature": -1}, "temperature: should be greater than"),
+        ({"inputs": ["a.tif"], "top_k": "many"}, "top_k"),
         ({"inputs": ["a.tif"], "seed": "1"}, "'seed' must be an integer"),
         ({"inputs": ["a.tif"], "seed": -1}, "'seed' must be from 0"),
         ({"output_path": "x"}, "no 'inputs'"),

@@ -54,7 +54,8 @@ def test_a_request_gets_the_products_of_its_seed(url, scene) -> None:
     for kind in KINDS:
         data, profile = got[kind]
         np.testing.assert_array_equal(data.squeeze(), want[kind].squeeze())
-    assert got["lulc"][1]["dtype"] == "uint8" and got["s1grd"][1]["count"] == 2
+    assert got["lulc"][1]["dtype"] == "uint8"
+    assert got["s1grd"][1]["count"] == 2
     again = _post(url, scene, output_kinds=["lulc"], seed=12)
     assert again.status_code == 200, again.text
     other, _ = decode(base64.b64decode(again.json()["data"]))
@@ -65,5 +66,22 @@ def test_a_kind_the_server_does_not_generate_is_refused_by_name(url, scene) -> N
     resp = _post(url, scene, output_kind="dem")
     assert resp.status_code == 400, resp.text
     detail = str(resp.json())
-    assert "dem" in detail and "s1grd, lulc" in detail and "Traceback" not in detail
+    assert "dem" in detail
+    assert "s1grd, lulc" in detail
+    assert "Traceback" not in detail
     assert _post(url, scene, output_kind="lulc").status_code == 200  # it goes on serving
+
+
+def test_a_request_sets_its_own_temperature(url, scene) -> None:
+    resp = _post(url, scene, output_kinds=KINDS, seed=4, temperature=0.0)
+    assert resp.status_code == 200, resp.text
+    with Engine("test-generate", output_kind=KINDS, temperature=0.0, warmup=False) as engine:
+        want = engine.generate_image({"S2L2A": str(scene)}, out_format="tensor", seed=4)
+    for kind in KINDS:
+        data, _ = decode(base64.b64decode(resp.json()["outputs"][kind]["data"]))
+        np.testing.assert_array_equal(
+            data.squeeze(), want.outputs_by_kind[kind].tensor.numpy().squeeze()
+        )
+    bad = _post(url, scene, top_p=2.0)
+    assert bad.status_code == 400, bad.text
+    assert "top_p" in bad.text

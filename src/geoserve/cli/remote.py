@@ -29,7 +29,7 @@ from typing import Any
 
 from geoserve.cli.options import engine_config, flag, given
 from geoserve.cli.predict import settle_output_and_dates, unreadable_inputs
-from geoserve.config import EngineConfig
+from geoserve.config import REQUEST_GENERATION_OPTIONS, EngineConfig
 from geoserve.errors import (
     ConfigError,
     GeoServeError,
@@ -41,7 +41,7 @@ from geoserve.errors import (
 )
 
 #: The engine options a job takes (the rest set up the server's engine, not a request).
-REQUEST_OPTIONS = ("bands", "output_kind", "output_dir")
+REQUEST_OPTIONS = ("bands", "output_kind", "output_dir", *REQUEST_GENERATION_OPTIONS)
 #: How often the jobs' statuses are polled.
 POLL_S = 0.5
 
@@ -90,12 +90,13 @@ def _refuse_local_options(args: argparse.Namespace, from_file: dict[str, Any]) -
     if flags:
         raise ConfigError(
             f"{', '.join(flags)}: not with --server (the server runs the model with its own "
-            "engine options; a job takes --output-kind, --bands, --dates and --seed)"
+            "engine options; a job takes --output-kind, --bands, --dates, --seed, --temperature, "
+            "--top-p and --top-k)"
         )
     if keys:
         raise ConfigError(
             f"{args.config}: {', '.join(keys)}: engine options, not with --server (a job "
-            "takes model, output_kind, bands and output_dir)"
+            "takes model, output_kind, bands, output_dir, temperature, top_p and top_k)"
         )
 
 
@@ -186,6 +187,9 @@ class _RemoteRun:
                     bands=self.config.bands,
                     dates=when,
                     seed=self.args.seed,
+                    temperature=self.config.temperature,
+                    top_p=self.config.top_p,
+                    top_k=self.config.top_k,
                 )
             )
         except (ServerUnreachableError, ServerAuthError):

@@ -28,7 +28,7 @@ from geoserve.engine.request import Request
 from geoserve.engine.request_spec import RequestSpec
 from geoserve.engine.stac_inputs import StacPlan, stac_processor
 from geoserve.engine.tensor_request import tensor_patcher, tensor_spec
-from geoserve.errors import BandMismatchError, GeoServeError, prefixed
+from geoserve.errors import BandMismatchError, ConfigError, GeoServeError, prefixed
 from geoserve.processors.base import InputProcessor, OutputProcessor, RasterContext
 from geoserve.processors.embeddings import token_grid
 from geoserve.raster.budget import add_pixels
@@ -80,6 +80,9 @@ class Admission:
             row is read when it is needed; :meth:`close` sets it so).
         output_dir: Where outputs without a path go (None: a temporary directory, made when
             first needed: :meth:`default_dir`).
+        request_kwargs: A request's generation options -> the per-request model arguments
+            they become (``SteppedModel.request_kwargs``); None: the model takes none, and a
+            request that sets one is refused.
     """
 
     spec: ModelSpec
@@ -94,6 +97,7 @@ class Admission:
     max_request_bytes: int | None
     reader: Executor | None
     output_dir: Path | None = None
+    request_kwargs: Callable[[Mapping[str, Any]], Mapping[str, Any]] | None = None
 
     def close(self) -> None:
         """Forget the reader pool (the engine shuts it down): later requests read in place."""
@@ -167,6 +171,7 @@ class Admission:
         try:
             proc = stac_processor(proc, inputs, spec.data_format)
             sources, ctx = self._plan(proc, inputs, spec.data_format, spec.dates, opened)
+            ctx = self._with_generation(ctx, spec.generation)
             kinds = [getattr(p, "kind", "raw") for p in procs]
             if set(kinds) & set(TOKEN_KINDS) and self.spec.token_size:
                 token_grid(ctx.grid, self.spec.token_size)  # refused unless on token edges
@@ -220,6 +225,18 @@ class Admission:
             req.close()
             raise
         return req
+
+    def _with_generation(self, ctx: RasterContext, options: Mapping[str, Any]) -> RasterContext:
+        """``ctx`` carrying the model arguments of the request's generation options."""
+        if self.request_kwargs is None:
+            if options:
+                raise ConfigError(
+                    f"model {self.spec.name!r} does not generate: {', '.join(options)} apply "
+                    "to generative models only"
+                )
+            return ctx
+        extra = self.request_kwargs(options)
+        return dataclasses.replace(ctx, model_kwargs={**ctx.model_kwargs, **extra})
 
     def _open(
         self,

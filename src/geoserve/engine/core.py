@@ -43,6 +43,7 @@ from geoserve.engine.startup import load_model, make_runner, start_up
 from geoserve.engine.stepping import StepPool, StepStats
 from geoserve.engine.tensor_request import tensor_procs
 from geoserve.errors import GeoServeError, NotGeoreferencedWarning
+from geoserve.models.steps import SteppedModel
 from geoserve.processors.base import OutputProcessor
 from geoserve.raster.dates import dates_per_item
 from geoserve.raster.gdal_setup import default_read_workers
@@ -109,6 +110,7 @@ class Engine:
             else None
         )
         plan = self.runner.plan
+        stepped = loaded.module if isinstance(loaded.module, SteppedModel) else None
         self.scheduler = Scheduler(StepPool(plan) if plan is not None else None)
         self.admission = Admission(
             spec=self.spec,
@@ -123,6 +125,7 @@ class Engine:
             max_request_bytes=self.max_request_bytes,
             reader=self._reader,
             output_dir=cfg.output_dir,
+            request_kwargs=stepped.request_kwargs if stepped is not None else None,
         )
         self.output = OutputStage(fail=self.scheduler.fail)
         if cfg.warmup or auto_batch:
@@ -329,6 +332,9 @@ class Engine:
         output_kind: str | Sequence[str] | None = None,
         priority: int = 0,
         seed: int = 0,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        top_k: int | None = None,
     ) -> ImageRequestOutput | list[ImageRequestOutput]:
         """Run one input, or a list of inputs, to completion.
 
@@ -339,7 +345,8 @@ class Engine:
 
         ``bands``, ``output_kind``, ``priority`` and ``seed`` are every request's (the
         :class:`RequestSpec` fields): bands and kinds instead of the engine's; the seed of a
-        generative model's draws. With several
+        generative model's draws; ``temperature``, ``top_p``, ``top_k`` a generative model's
+        sampling for these requests (None: the engine's). With several
         output kinds each request writes one file per kind (``out/scene`` gives
         ``out/scene_classes.tif``, ...; a directory holds ``<input stem>_<kind>.tif``: see
         :meth:`output_paths` and docs/outputs.md), each in the result's ``outputs_by_kind``.
@@ -370,6 +377,9 @@ class Engine:
             output_kind=output_kind,
             priority=priority,
             seed=seed,
+            temperature=temperature,
+            top_p=top_p,
+            top_k=top_k,
         )
         paths: list[Path | None] = [None] * len(items)
         if out_format == "path" and output_path is not None:

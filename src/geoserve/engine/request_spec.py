@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypedDict, get_args
 
 from rasterio.windows import Window
 
+from geoserve.config import check_request_options
 from geoserve.errors import ConfigError, InputError, count
 from geoserve.raster.dates import request_dates
 from geoserve.raster.input_values import NamedBytes, RasterWindow
@@ -66,6 +67,9 @@ class ImageOptions(TypedDict, total=False):
     output_kind: str | Sequence[str] | None
     priority: int
     seed: int
+    temperature: float | None
+    top_p: float | None
+    top_k: int | None
 
 
 class ModelView(Protocol):
@@ -103,6 +107,9 @@ class RequestSpec:
         seed: The seed of every random draw of a generative model for this request (each
             patch's draws derive from it and the patch's place on the scene: see
             :mod:`geoserve.models.steps`); 0 to 2**63 - 1. One-pass models ignore it.
+        temperature, top_p, top_k: A generative model's token sampling for this request
+            (None: the engine's; see :data:`geoserve.config.REQUEST_GENERATION_OPTIONS`);
+            refused by a one-pass model.
         dates: The inputs' acquisition dates (ISO strings, ``date`` or ``datetime`` objects),
             one per input (``None`` for one: from its tags or file name); for a dict of
             modalities, a dict of modality name to its dates.
@@ -120,6 +127,9 @@ class RequestSpec:
     output_kind: str | Sequence[str] | None = None
     priority: int = 0
     seed: int = 0
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
     dates: Any = None
     patch_keys: PatchKeys | None = field(default=None, compare=False, repr=False)
 
@@ -129,6 +139,12 @@ class RequestSpec:
         if isinstance(request, RequestSpec):
             return dataclasses.replace(request, **fields) if fields else request
         return cls(request, **fields)
+
+    @property
+    def generation(self) -> dict[str, Any]:
+        """The generation options this request sets (name -> value; none: the engine's)."""
+        given = {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k}
+        return {k: v for k, v in given.items() if v is not None}
 
     @property
     def kinds(self) -> tuple[str, ...] | None:
@@ -185,6 +201,7 @@ class RequestSpec:
             )
         if not is_seed(self.seed):
             raise ConfigError(f"seed: {SEED_RANGE}, got {self.seed!r:.40}")
+        check_request_options(self.generation)
         if upfront:
             self._check_count(engine)
         spec = self.normalised()
@@ -236,6 +253,7 @@ class RequestSpec:
             "output_kind": None if spec.output_kind is None else list(spec.output_kind),
             "priority": spec.priority,
             "seed": spec.seed,
+            **spec.generation,
             "dates": _dates_json(spec.dates),
         }
 
@@ -274,7 +292,17 @@ class RequestSpec:
             priority=_field(data, "priority", int) or 0,
             seed=seed,
             dates=data.get("dates"),
+            **_generation(data),
         ).normalised()
+
+
+def _generation(data: Mapping[str, Any]) -> dict[str, Any]:
+    """A stored spec's generation options, checked."""
+    given = {k: data[k] for k in ("temperature", "top_p", "top_k") if data.get(k) is not None}
+    try:
+        return check_request_options(given)
+    except ConfigError as exc:
+        raise InputError(f"request spec: {exc}") from None
 
 
 #: The fields :meth:`RequestSpec.to_json` writes.

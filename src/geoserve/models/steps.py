@@ -73,6 +73,25 @@ class SteppedModel(nn.Module):
                 f"(given: {', '.join(sorted(options))})"
             )
 
+    def request_kwargs(self, options: Mapping[str, Any]) -> dict[str, Any]:
+        """A request's own generation options as per-request model arguments.
+
+        ``options``: what the request sets (``temperature``, ``top_p``, ``top_k``: only those
+        given, already checked against the engine's fields). Returns arrays without a batch
+        axis, the same names for every request (the engine's values where the request sets
+        none), given to every step of the request's patches as ``(B, ...)`` tensors. The
+        default takes none.
+
+        Raises:
+            ConfigError: an option the model cannot take per request, naming it.
+        """
+        if options:
+            raise ConfigError(
+                f"{type(self).__name__} takes no per-request options "
+                f"(given: {', '.join(sorted(options))})"
+            )
+        return {}
+
     def plan(self) -> tuple[str, ...]:
         """The kind of each step, in order (at least one).
 

@@ -57,6 +57,13 @@ class ImageOptions(BaseModel):
     """The seed of a generative model's random draws (0 to 2**63 - 1; none: 0): the same
     seed and inputs give the same output. A JSON integer only (not text, a float or a
     boolean); one-pass models ignore it."""
+    temperature: Annotated[float, Field(strict=True)] | None = None
+    """A generative model's token sampling temperature for this request (0: the most likely
+    token; none: the server's); bounds as the server's ``temperature`` option."""
+    top_p: Annotated[float, Field(strict=True)] | None = None
+    """A generative model's nucleus sampling threshold for this request (none: the server's)."""
+    top_k: Annotated[int, Field(strict=True)] | None = None
+    """A generative model's top-k for this request (0: all tokens; none: the server's)."""
 
     @model_validator(mode="after")
     def _one_way(self) -> ImageOptions:

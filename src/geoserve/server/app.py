@@ -258,6 +258,9 @@ class _Service:
             output_kind=body.options.kinds,
             priority=body.priority,
             seed=body.options.seed or 0,
+            temperature=body.options.temperature,
+            top_p=body.options.top_p,
+            top_k=body.options.top_k,
             dates=dates,
         )
         rid, result = await self.run(request, spec, body.out_data_format)

@@ -240,3 +240,24 @@ def test_a_terratorch_state_dict_loads_the_generator_strictly(tmp_path) -> None:
         assert torch.equal(got.state_dict()[key], value), key
     with pytest.raises(WeightsError, match="tokenizer.tok_lulc@224"):
         files.tokenizer("LULC")
+
+
+def test_a_request_sets_its_own_sampling(engine, scene, tmp_path) -> None:
+    """temperature/top_p/top_k per request: its own, mixed in batches with requests on the
+    engine's defaults, and the same bytes as an engine configured that way."""
+    at_zero = Engine("test-generate", output_kind=KINDS, temperature=0.0, warmup=False)
+    want = _bytes(_run(at_zero, scene, tmp_path / "z.tif", seed=3))
+    ids = [
+        engine.add_request(
+            {"S2L2A": str(scene)}, output_path=tmp_path / f"r{i}.tif", seed=3, temperature=t
+        )
+        for i, t in enumerate((0.0, None))
+    ]
+    done = {r.request_id: r for r in engine.run_until_done()}
+    got = [_bytes({k: Path(o.path) for k, o in done[i].outputs_by_kind.items()}) for i in ids]
+    assert got[0] == want
+    assert got[1]["lulc"] != want["lulc"]  # the engine's temperature 1.0 samples
+    with pytest.raises(ConfigError, match=r"temperature: should be greater than or equal to 0"):
+        engine.generate_image({"S2L2A": str(scene)}, temperature=-1.0)
+    with pytest.raises(ConfigError, match=r"'identity' does not generate: top_p"):
+        Engine("identity", warmup=False).generate_image(str(scene), top_p=0.5)

@@ -36,6 +36,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol, cast
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -223,6 +224,18 @@ class TerraMindGenerate(SteppedModel):
                 plan += [f"denoise-{o.lower()}"] * len(tok.scheduler.schedule(self.options.steps))
         self._plan = tuple(plan)
 
+    def request_kwargs(self, options: Mapping[str, Any]) -> dict[str, Any]:
+        """A request's sampling (``temperature``, ``top_p``, ``top_k``) over the engine's."""
+        fixed = sorted(set(options) - {"temperature", "top_p", "top_k"})
+        if fixed:
+            raise ConfigError(f"{', '.join(fixed)}: set for the whole engine, not per request")
+        opts = self.options.with_given(options)
+        return {
+            "temperature": np.asarray(opts.temperature, np.float64),
+            "top_p": np.asarray(opts.top_p, np.float64),
+            "top_k": np.asarray(opts.top_k, np.int64),
+        }
+
     @property
     def channels(self) -> dict[str, int]:
         """Each generated modality's output channels, in output order."""
@@ -239,13 +252,29 @@ class TerraMindGenerate(SteppedModel):
         action, name = kind.split("-", 1)
         modality = name.upper()
         if action == "tokens":
-            return self._tokens(modality, state)
+            return self._tokens(modality, state, kwargs)
         return self._denoise(modality, state, index)
 
     def _inputs(self, state: State) -> dict[str, torch.Tensor]:
         return {k[2:]: v for k, v in state.items() if k.startswith("x_")}
 
-    def _tokens(self, modality: str, state: State) -> State:
+    def _sampling(
+        self, n: int, kwargs: Mapping[str, torch.Tensor]
+    ) -> list[tuple[float, float, int]]:
+        """Each row's (temperature, top_p, top_k): its request's, else the engine's."""
+        o = self.options
+        if "temperature" not in kwargs:
+            return [(o.temperature, o.top_p, o.top_k)] * n
+        return list(
+            zip(
+                kwargs["temperature"].tolist(),
+                kwargs["top_p"].tolist(),
+                [int(k) for k in kwargs["top_k"].tolist()],
+                strict=True,
+            )
+        )
+
+    def _tokens(self, modality: str, state: State, kwargs: Mapping[str, torch.Tensor]) -> State:
         generator = self._parts()
         inputs = self._inputs(state)
         if not inputs:
@@ -257,16 +286,21 @@ class TerraMindGenerate(SteppedModel):
         generated = {o: state[f"tok_{o}"] for o in earlier}
         logits = self._rows_apart(lambda i, g: generator.logits(i, modality, g), inputs, generated)
         seeds, origins = _rows(state)
-        opts = self.options
-        uniforms = None
-        if opts.temperature > ZERO_TEMPERATURE:
-            stream = _TOKEN_STREAM + GENERATED.index(modality)
-            fields = [
-                noise_field(s, stream, o, (1, h, w), scale=PATCH_SIZE, dist="uniform")
-                for s, o in zip(seeds, origins, strict=True)
-            ]
-            uniforms = torch.stack(fields).reshape(len(seeds), h * w)
-        ids = sample_tokens(logits, opts.temperature, opts.top_p, opts.top_k, uniforms)
+        sampling = self._sampling(len(seeds), kwargs)
+        ids = torch.empty(logits.shape[:2], dtype=torch.int64, device=logits.device)
+        stream = _TOKEN_STREAM + GENERATED.index(modality)
+        for params in dict.fromkeys(sampling):  # rows sampled alike, together
+            rows = [i for i, p in enumerate(sampling) if p == params]
+            uniforms = None
+            if params[0] > ZERO_TEMPERATURE:
+                fields = [
+                    noise_field(
+                        seeds[i], stream, origins[i], (1, h, w), scale=PATCH_SIZE, dist="uniform"
+                    )
+                    for i in rows
+                ]
+                uniforms = torch.stack(fields).reshape(len(rows), h * w)
+            ids[rows] = sample_tokens(logits[rows], *params, uniforms=uniforms)
         out = {**state, f"tok_{modality}": ids.reshape(-1, h, w)}
         if modality in self._first_denoise:  # its diffusion's initial noise, drawn once
             stream = _NOISE_STREAM + GENERATED.index(modality)
