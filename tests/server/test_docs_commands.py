@@ -86,8 +86,9 @@ def test_serving_md_commands_work_on_the_bundled_scene(workdir, default_server, 
     url, files = default_server
     blocks = [b for b in bash_blocks("docs/serving.md") if "curl" in b or "cp " in b]
     # (the multi-date example needs a multi-date model and dated files: tests/server/test_dates.py;
-    # the multimodal one its own server: below)
+    # the multimodal one its own server: below; the jobs' tests/server/test_jobs_docs.py)
     blocks = [b for b in blocks if "-F dates=" not in b and "-F s2=" not in b]
+    blocks = [b for b in blocks if "/v1/jobs" not in b]
     assert len(blocks) >= 4, "docs/serving.md lost its examples"
     assert "mktemp -d" in blocks[0], "the examples' first block makes their scratch folder"
     before = sorted(p.name for p in workdir.iterdir())

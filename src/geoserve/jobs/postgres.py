@@ -5,7 +5,10 @@ takes the oldest queued row no other claim holds (``SELECT ... FOR UPDATE SKIP L
 claimers on any number of connections never wait for one another nor receive the same job.
 The tables (``geoserve_jobs``, ``geoserve_job_meta``) are made if missing, one process at a
 time (a transaction-scoped advisory lock). Each thread has its own connection; one the server
-dropped is replaced on the thread's next call.
+dropped is replaced on the thread's next call (a call that finds it dropped before anything
+ran on it makes a new one at once, so a server restarted between calls goes unnoticed). A
+server that cannot be reached, or a connection lost mid-call, is a
+:class:`~geoserve.errors.JobStoreError` naming the server (never a password).
 
 Needs psycopg 3: ``pip install 'geoserve[jobs-postgres]'``.
 """
@@ -20,7 +23,7 @@ from typing import Any
 import psycopg
 from psycopg import conninfo
 
-from geoserve.errors import ConfigError
+from geoserve.errors import ConfigError, JobStoreError
 from geoserve.jobs.sql import Cursor, SqlJobStore
 
 _SCHEMA = (
@@ -69,6 +72,7 @@ class PostgresJobStore(SqlJobStore):
     row_lock = " FOR UPDATE"
     schema = _SCHEMA
     schema_guard = f"SELECT pg_advisory_xact_lock({_SCHEMA_LOCK_KEY})"
+    db_errors = (psycopg.Error,)
 
     def __init__(
         self,
@@ -82,9 +86,10 @@ class PostgresJobStore(SqlJobStore):
         super().__init__(describe_dsn(dsn), clock)
         try:
             self._init_schema()
-        except psycopg.Error as exc:
+        except JobStoreError as exc:
             self.close()
-            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            cause = exc.__cause__ or exc
+            reason = str(cause).strip().splitlines()[0] if str(cause).strip() else "failed"
             raise ConfigError(f"job_store: cannot use {self.where}: {reason}") from None
         except BaseException:
             self.close()

@@ -13,12 +13,19 @@ ends ``successful`` with its results (each output kind's file name, media type a
 named beside its file). Every :data:`EXPIRE_EVERY_S` the finished jobs older
 than ``ttl_s`` are removed with their directories.
 
+When the store fails (a :class:`~geoserve.errors.JobStoreError`: its file gone, its server
+down), the workers log it once, look again less and less often (up to every
+:data:`STORE_RETRY_MAX_S` seconds) and carry on when it answers again; a job already running
+keeps running, and one whose end could not be recorded stays ``running`` in the store, so the
+next start queues it again.
+
 A job's stored spec holds what the client gave: paths and URLs as named (the server vets them
 again when the job runs), and for inputs sent inline, the names of the files written into the
 job's directory when it was submitted (``job_files``; for uploads, ``job_names``: each file's
 part file name, client text that names it in messages and gives its date stamp, never a path);
-the runner reads those files of the job's own directory only. This module imports nothing from
-the web layer.
+the runner reads those files of the job's own directory only; ``job_inline`` lists the
+outputs the client asked to receive inline in the job's results (the server's business, not
+the run's). This module imports nothing from the web layer.
 """
 
 from __future__ import annotations
@@ -33,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from geoserve.engine.request_spec import RequestSpec
-from geoserve.errors import GeoServeError, InputError
+from geoserve.errors import GeoServeError, InputError, JobStoreError
 from geoserve.jobs.store import Job, JobStore, is_job_id
 from geoserve.raster.input_values import NamedBytes
 from geoserve.schemas import ImageRequestOutput
@@ -50,6 +57,11 @@ IDLE_S = 0.2
 MAX_ATTEMPTS = 3
 #: How much lower than interactive requests a job runs (the scheduler runs lower first).
 JOB_PRIORITY = 100
+#: The longest wait between two looks at a store that failed.
+STORE_RETRY_MAX_S = 5.0
+
+#: The keys of a stored spec that are the job's, not its request's (see the module docstring).
+JOB_KEYS = ("job_files", "job_names", "job_inline")
 
 _FILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
@@ -174,12 +186,22 @@ class JobRunner:
         self._tasks = []
 
     async def _worker(self) -> None:
+        failures = 0
         while True:
             try:
                 job = await asyncio.to_thread(self.store.claim_next)
-            except Exception:
-                logger.exception("claiming a job failed")
-                job = None
+            except Exception as exc:
+                failures += 1
+                if failures == 1:  # once per outage: it is tried again every few seconds
+                    if isinstance(exc, JobStoreError):
+                        logger.error("claiming a job failed: %s", exc)
+                    else:
+                        logger.exception("claiming a job failed")
+                await asyncio.sleep(min(STORE_RETRY_MAX_S, IDLE_S * 2 ** min(failures, 6)))
+                continue
+            if failures:
+                logger.info("the job store answers again")
+                failures = 0
             if job is None:
                 await asyncio.sleep(IDLE_S)
                 continue
@@ -187,6 +209,8 @@ class JobRunner:
                 await self.run_job(job)
             except asyncio.CancelledError:
                 raise
+            except JobStoreError as exc:  # (it stays running in the store: re-run at next start)
+                logger.error("job %s: its end was not recorded: %s", job.job_id, exc)
             except Exception:  # (run_job records failures; this guards its own bugs)
                 logger.exception("job %s: the runner failed", job.job_id)
 
@@ -196,6 +220,8 @@ class JobRunner:
                 for job in await asyncio.to_thread(self.store.expire, self.ttl_s):
                     remove_job_dir(self.output_dir, job.job_id)
                     remove_inputs(self.output_dir, job)
+            except JobStoreError as exc:
+                logger.error("expiring jobs failed: %s", exc)
             except Exception:
                 logger.exception("expiring jobs failed")
             await asyncio.sleep(EXPIRE_EVERY_S)
@@ -205,16 +231,19 @@ class JobRunner:
         try:
             await self._run_job(job)
         finally:
-            current = await asyncio.to_thread(self.store.get, job.job_id)
-            if current.is_final:
-                remove_inputs(self.output_dir, job)
+            try:
+                current = await asyncio.to_thread(self.store.get, job.job_id)
+            except JobStoreError as exc:  # (its inputs stay until it is known to have ended)
+                logger.error("job %s: %s", job.job_id, exc)
+            else:
+                if current.is_final:
+                    remove_inputs(self.output_dir, job)
 
     async def _run_job(self, job: Job) -> None:
         directory = job_dir(self.output_dir, job.job_id)
         try:
-            stored = dict(job.spec)
-            stored.pop("job_files", None)
-            names = stored.pop("job_names", None)
+            stored = {k: v for k, v in job.spec.items() if k not in JOB_KEYS}
+            names = job.spec.get("job_names")
             spec = RequestSpec.from_json(stored)
             files = inputs_dir(self.output_dir, job)
             if files is not None:
@@ -229,18 +258,7 @@ class JobRunner:
         shutil.rmtree(directory, ignore_errors=True)
         directory.mkdir(parents=True, exist_ok=True)
         task = asyncio.create_task(self._execute(spec, directory))
-        mine, total = True, 0
-        while mine and not task.done():
-            await asyncio.wait({task}, timeout=POLL_S)
-            if task.done():
-                break
-            counted = self._progress(job.job_id)
-            percent = 0 if not counted or not counted[1] else 100 * counted[0] // counted[1]
-            message = None if not counted else f"{counted[0]}/{counted[1]} patches"
-            total = counted[1] if counted else total
-            mine = await asyncio.to_thread(
-                self.store.progress, job.job_id, min(percent, 99), message
-            )
+        mine, total = await self._watch(job, task)
         if not mine:  # dismissed: drop its work in the engine and what it wrote
             task.cancel()
             with contextlib.suppress(BaseException):
@@ -265,6 +283,30 @@ class JobRunner:
         done = f"{total}/{total} patches"
         if not await asyncio.to_thread(self.store.finish, job.job_id, results, done):
             remove_job_dir(self.output_dir, job.job_id)
+
+    async def _watch(self, job: Job, task: asyncio.Task[Any]) -> tuple[bool, int]:
+        """Record ``task``'s progress until it ends or the job is no longer the worker's.
+
+        Whether it still is, and the patches counted in all (0: none counted yet).
+        """
+        mine, total, warned = True, 0, False
+        while mine and not task.done():
+            await asyncio.wait({task}, timeout=POLL_S)
+            if task.done():
+                break
+            counted = self._progress(job.job_id)
+            percent = 0 if not counted or not counted[1] else 100 * counted[0] // counted[1]
+            message = None if not counted else f"{counted[0]}/{counted[1]} patches"
+            total = counted[1] if counted else total
+            try:
+                mine = await asyncio.to_thread(
+                    self.store.progress, job.job_id, min(percent, 99), message
+                )
+            except JobStoreError as exc:  # the job runs on; its end is recorded if it can be
+                if not warned:
+                    logger.warning("job %s: progress not recorded: %s", job.job_id, exc)
+                warned = True
+        return mine, total
 
     @staticmethod
     def describe(result: ImageRequestOutput, directory: Path) -> dict[str, Any]:

@@ -16,11 +16,17 @@ from __future__ import annotations
 import threading
 from abc import abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager, suppress
+from contextlib import AbstractContextManager, ExitStack, contextmanager, suppress
 from datetime import datetime, timedelta, timezone
 from typing import Any, Protocol
 
-from geoserve.errors import ConfigError, InputError, NotFoundError, ShuttingDownError
+from geoserve.errors import (
+    ConfigError,
+    InputError,
+    JobStoreError,
+    NotFoundError,
+    ShuttingDownError,
+)
 from geoserve.jobs.store import (
     ACCEPTED,
     DISMISSED,
@@ -117,6 +123,8 @@ class SqlJobStore(JobStore):
     schema: tuple[str, ...] = ()
     #: run first in the transaction that makes the tables (PostgreSQL: one process at a time)
     schema_guard: str | None = None
+    #: the driver's errors: any of them raised by a call is a :class:`JobStoreError`
+    db_errors: tuple[type[Exception], ...] = ()
 
     def __init__(self, where: str, clock: Callable[[], datetime] | None = None) -> None:
         #: the store's file or server, as messages name it (never a password)
@@ -149,6 +157,12 @@ class SqlJobStore(JobStore):
         """Whether ``conn`` can no longer be used (a server that went away)."""
         return False
 
+    def store_error(self, exc: Exception) -> JobStoreError:
+        """The :class:`JobStoreError` for a driver's error: the store and the first line."""
+        lines = str(exc).strip().splitlines()
+        reason = lines[0].strip() if lines else type(exc).__name__
+        return JobStoreError(f"the job store {self.where} failed: {reason}")
+
     def close_connection(self, conn: Any) -> None:
         """Close one connection, never raising."""
         with suppress(Exception):  # closing is best effort
@@ -162,7 +176,10 @@ class SqlJobStore(JobStore):
         conn = getattr(self._local, "conn", None)
         if conn is not None and not self.is_broken(conn):
             return conn
-        conn = self.connect()
+        try:
+            conn = self.connect()
+        except self.db_errors as exc:
+            raise self.store_error(exc) from exc
         with self._lock:
             if self._closed:
                 self.close_connection(conn)
@@ -178,8 +195,26 @@ class SqlJobStore(JobStore):
 
     @contextmanager
     def _tx(self, write: bool = False) -> Iterator[Tx]:
-        with self.transaction(self._connection(), write) as cursor:
-            yield Tx(cursor, self.placeholder)
+        """A transaction on this thread's connection; a driver's error is a JobStoreError."""
+        try:
+            with ExitStack() as stack:
+                yield Tx(self._begin(stack, write), self.placeholder)
+        except self.db_errors as exc:
+            raise self.store_error(exc) from exc
+
+    def _begin(self, stack: ExitStack, write: bool) -> Cursor:
+        """Begin a transaction in ``stack`` on this thread's connection.
+
+        Once more on a new connection if that one was dropped while idle (a database
+        restarted): nothing had run on it yet.
+        """
+        conn = self._connection()
+        try:
+            return stack.enter_context(self.transaction(conn, write))
+        except self.db_errors:
+            if not self.is_broken(conn):
+                raise
+        return stack.enter_context(self.transaction(self._connection(), write))
 
     def _init_schema(self) -> None:
         """Make the tables if missing; refuse a store written in another schema version."""

@@ -7,6 +7,12 @@ wait for a writer; every change takes the write lock when its transaction begins
 process or from several processes on the same file (a claim among them: no two claimers
 receive the same job). A writer waits up to ``timeout_s`` for another to finish.
 
+Once open, the store keeps using the file it opened: a connection is made with the file
+required to exist (never a new, empty one in its place), and one whose file was removed or
+replaced meanwhile is dropped before its next call, so that call fails (a
+:class:`~geoserve.errors.JobStoreError`) rather than reading or writing a file nobody else
+sees. A file put back is used again.
+
 Times are stored as ISO 8601 text in UTC with microseconds, so they sort as they compare.
 """
 
@@ -14,13 +20,14 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import urllib.parse
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from geoserve.errors import ConfigError
+from geoserve.errors import ConfigError, JobStoreError
 from geoserve.jobs.sql import Cursor, SqlJobStore
 
 _SCHEMA = (
@@ -48,10 +55,26 @@ _SCHEMA = (
 )
 
 
+class _Connection(sqlite3.Connection):
+    """A connection that remembers which file it opened (its device and inode)."""
+
+    opened: tuple[int, int] | None = None
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    """The file at ``path`` (device, inode); ``None`` if there is none."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
 class SQLiteJobStore(SqlJobStore):
     """A job store in the SQLite file ``path`` (made if missing; its folder must exist)."""
 
     schema = _SCHEMA
+    db_errors = (sqlite3.Error,)
 
     def __init__(
         self,
@@ -66,26 +89,54 @@ class SQLiteJobStore(SqlJobStore):
         _make_file(self.path)
         try:
             self._init_schema()
-        except sqlite3.DatabaseError as exc:
+        except JobStoreError as exc:
             self.close()
+            reason = exc.__cause__ or exc
             raise ConfigError(
-                f"job_store: {self.path} is not a job store SQLite can open ({exc})"
+                f"job_store: {self.path} is not a job store SQLite can open ({reason})"
             ) from None
         except BaseException:
             self.close()
             raise
 
     def connect(self) -> sqlite3.Connection:
-        """A connection in autocommit mode, WAL journal, waiting ``timeout_s`` for locks."""
+        """A connection to the existing file (autocommit, WAL, ``timeout_s`` for locks)."""
+        opened = _identity(self.path)
+        if opened is None:
+            raise JobStoreError(
+                f"the job store {self.path} is gone (removed or moved while in use); put it"
+                " back, or restart the server to make a new one"
+            )
+        uri = "file:" + urllib.parse.quote(str(self.path.absolute())) + "?mode=rw"
         conn = sqlite3.connect(
-            self.path, timeout=self._timeout_s, isolation_level=None, check_same_thread=False
+            uri,
+            timeout=self._timeout_s,
+            isolation_level=None,
+            check_same_thread=False,
+            uri=True,
+            factory=_Connection,
         )
+        conn.opened = opened
         try:
             conn.execute("PRAGMA journal_mode=WAL").fetchall()
         except BaseException:
             conn.close()
             raise
         return conn
+
+    def is_broken(self, conn: Any) -> bool:
+        """Whether the file ``conn`` opened is no longer the one at :attr:`path`."""
+        return bool(getattr(conn, "opened", None) != _identity(self.path))
+
+    def store_error(self, exc: Exception) -> JobStoreError:
+        """A driver's error, with what to do about a lock held too long."""
+        error = super().store_error(exc)
+        if "locked" in str(exc) or "busy" in str(exc):
+            return JobStoreError(
+                f"{error} (another process or connection held its lock for over"
+                f" {self._timeout_s:g} s)"
+            )
+        return error
 
     @contextmanager
     def transaction(self, conn: Any, write: bool) -> Iterator[Cursor]:

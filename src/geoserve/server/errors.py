@@ -8,6 +8,7 @@ from geoserve.errors import (
     ForbiddenInputError,
     GeoServeError,
     InputError,
+    JobStoreError,
     ModelExecutionError,
     NotFoundError,
     OutputSpaceError,
@@ -26,6 +27,7 @@ from geoserve.errors import (
 STATUS_TABLE: tuple[tuple[type[Exception], int], ...] = (
     (QueueFullError, 503),
     (ShuttingDownError, 503),
+    (JobStoreError, 503),  # the job store's database failed: it may be back soon
     (PayloadTooLargeError, 413),
     (ForbiddenInputError, 403),
     (RequestTimeoutError, 504),

@@ -5,15 +5,19 @@ status and ``Location: /v1/jobs/{jobId}``. ``GET /v1/jobs`` lists jobs (``status
 ``offset``), ``GET /v1/jobs/{jobId}`` is a job's status (OGC API - Processes' ``statusInfo``:
 ``jobID``, ``type: process``, ``status``, times, ``progress`` 0-100, ``message``),
 ``GET /v1/jobs/{jobId}/results`` its outputs by reference (download links under
-``/v1/jobs/{jobId}/outputs/``) and ``DELETE /v1/jobs/{jobId}`` dismisses it (a running job is
-cancelled, its outputs removed). Errors are OGC exception bodies (``type``, ``title``,
-``status``, ``detail``). ``POST /v1/jobs`` also takes the multipart upload of
-``/v1/images`` (``file`` parts, or one part per modality; ``options``, ``priority`` and
-``dates`` fields), bounded by the body limit as that route's uploads are: a client sends its
-own files so. Inputs sent inline (``b64_json``) or uploaded are written into the job's input
-directory when it is submitted (an upload's part file names kept beside them, for messages and
-date stamps only), so the store holds no large values and a restart re-runs the job from disk;
-paths and URLs are kept as named and vetted when the job runs. A class map's ``.aux.xml``
+``/v1/jobs/{jobId}/outputs/``), or inline (base64 ``value``, ``mediaType``, ``encoding``) with
+``Prefer: return=representation`` or for the outputs its execution asked by value, each of at
+most ``max_inline_mb`` (a larger one stays a link), and ``DELETE /v1/jobs/{jobId}``
+dismisses it (a running job is cancelled, its outputs removed). Errors are OGC exception
+bodies (``type``, ``title``, ``status``, ``detail``); past ``max_jobs`` queued or running, or
+with a failing store (:class:`~geoserve.errors.JobStoreError`), a 503 with ``Retry-After``.
+``POST /v1/jobs`` also takes the multipart upload of ``/v1/images`` (``file`` parts, or one
+part per modality; ``options``, ``priority`` and ``dates`` fields), bounded by the body limit
+as that route's uploads are: a client sends its own files so. Inputs sent inline
+(``b64_json``) or uploaded are written into the job's input directory when it is submitted
+(an upload's part file names kept beside them, for messages and date stamps only), so the
+store holds no large values and a restart re-runs the job from disk; paths and URLs are kept
+as named and vetted when the job runs. A class map's ``.aux.xml``
 sidecar (its class names) is a download of its own, linked from its output as ``sidecar``.
 """
 
@@ -22,9 +26,11 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import logging
+import re
 import shutil
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -38,9 +44,11 @@ from geoserve.errors import (
     ForbiddenInputError,
     GeoServeError,
     InputError,
+    JobStoreError,
     NotFoundError,
     PayloadTooLargeError,
     QueueFullError,
+    count,
 )
 from geoserve.jobs import ACCEPTED, RUNNING, SUCCESSFUL, Job, JobStore, checked_job_id
 from geoserve.jobs.runner import job_dir, remove_inputs, remove_job_dir
@@ -55,6 +63,24 @@ from geoserve.server.settings import ServerSettings
 _IN_FORMATS: dict[str, DataFormat] = {"b64_json": "b64", "path": "path", "url": "url"}
 #: The media type of a class map's ``.aux.xml`` sidecar.
 SIDECAR_TYPE = "application/xml"
+#: The preference (RFC 7240) asking for a job's outputs inline in its results.
+INLINE_PREFERENCE = "return=representation"
+_MB = 1024 * 1024
+
+logger = logging.getLogger("geoserve.server")
+
+
+def prefers_inline(request: Request) -> bool:
+    """Whether the request's ``Prefer`` header holds ``return=representation``."""
+    tokens = re.split(r"[,;]", request.headers.get("prefer", ""))
+    return any(t.replace(" ", "").lower() == INLINE_PREFERENCE for t in tokens)
+
+
+def _read_inline(path: Path, limit: int) -> str | None:
+    """``path``'s bytes in base64 if it holds at most ``limit`` bytes, else ``None``."""
+    with path.open("rb") as file:
+        data = file.read(limit + 1)
+    return None if len(data) > limit else base64.b64encode(data).decode("ascii")
 
 
 def ogc_error(exc: GeoServeError, retry_after_s: int) -> JSONResponse:
@@ -149,6 +175,8 @@ class JobRoutes:
             try:
                 return await route(request, **request.path_params)  # type: ignore[no-any-return]
             except GeoServeError as exc:
+                if isinstance(exc, JobStoreError):  # the operator's to mend: in the log too
+                    logger.error("%s %s: %s", request.method, request.url.path, exc)
                 return ogc_error(exc, self.settings.retry_after_s)
             except RequestValidationError as exc:  # a body of the wrong shape
                 return ogc_error(InputError(validation_message(exc.errors())), 0)
@@ -180,22 +208,33 @@ class JobRoutes:
             output_kind=body.options.kinds,
             priority=body.priority,
             seed=body.options.seed or 0,
+            temperature=body.options.temperature,
+            top_p=body.options.top_p,
+            top_k=body.options.top_k,
             dates=body.dates,
         )
         job = await self.create_job(spec)
         info = status_info(job, self.base(request))
         return JSONResponse(info, 201, headers={"Location": info["links"][0]["href"]})
 
-    async def create_job(self, spec: RequestSpec) -> Job:
-        """A new job running ``spec``, checked and vetted first (503 past ``max_jobs``)."""
+    async def create_job(self, spec: RequestSpec, inline: Iterable[str] = ()) -> Job:
+        """A new job running ``spec``, checked and vetted first (503 past ``max_jobs``).
+
+        ``inline``: the outputs its results give inline (when small enough).
+        """
         store = self.store()
         eng = self._ready_engine()
         spec = RequestSpec.of(spec, out_format="path").check(eng.engine, upfront=True)
         queued = await asyncio.to_thread(store.count, (ACCEPTED, RUNNING))
         if queued >= self.settings.max_jobs:
-            raise QueueFullError(f"{queued} jobs queued or running, the most this server takes")
+            raise QueueFullError(
+                f"{count(queued, 'job')} queued or running, the most this server takes"
+                f" (max_jobs {self.settings.max_jobs}); submit again once one has finished"
+            )
         self._vet(spec)
         stored, staging = self._stored(spec)
+        if inline:
+            stored["job_inline"] = sorted(set(inline))
         try:
             return await asyncio.to_thread(store.create, self.settings.model, stored)
         except BaseException:
@@ -287,22 +326,41 @@ class JobRoutes:
         return JSONResponse(status_info(job, self.base(request)))
 
     async def results(self, request: Request, job_id: str) -> Response:
-        """GET: a successful job's outputs, as download links."""
+        """GET: a successful job's outputs, as download links or inline (see the module)."""
         job = await asyncio.to_thread(self.store().get, job_id)
         if job.status != SUCCESSFUL or job.results is None:
             raise NotFoundError(f"job {job.job_id} has no results (it is {job.status})")
         base = f"{self.base(request)}/{job.job_id}/outputs"
+        every = prefers_inline(request)
+        asked = job.spec.get("job_inline")
+        by_value = set(asked) if isinstance(asked, list) else set()
+        limit = int(self.settings.max_inline_mb * _MB)
         outputs = job.results.get("outputs", {})
         answer: dict[str, Any] = {}
+        inlined = False
         for kind, o in outputs.items():
-            entry = {"href": f"{base}/{o['file']}", "type": o["media_type"], "size": o["size"]}
+            entry: dict[str, Any] = {
+                "href": f"{base}/{o['file']}",
+                "type": o["media_type"],
+                "size": o["size"],
+            }
+            if (every or kind in by_value) and o["size"] <= limit:
+                path = job_dir(self.output_dir, job.job_id) / o["file"]
+                try:
+                    value = await asyncio.to_thread(_read_inline, path, limit)
+                except OSError:  # (dismissed or expired since)
+                    raise NotFoundError(f"job {job.job_id}: its output {kind!r} is gone") from None
+                if value is not None:  # OGC API - Processes' qualified value
+                    entry = {"value": value, "mediaType": o["media_type"], "encoding": "base64"}
+                    inlined = True
             if isinstance(o.get("sidecar"), str):  # a class map's class names, for GIS tools
                 entry["sidecar"] = {"href": f"{base}/{o['sidecar']}", "type": SIDECAR_TYPE}
             answer[kind] = entry
         item = job.results.get("item")
         if isinstance(item, str):  # the outputs described as a STAC Item
             answer["stac-item"] = {"href": f"{base}/{item}", "type": "application/geo+json"}
-        return JSONResponse(answer)
+        applied = {"Preference-Applied": INLINE_PREFERENCE} if every and inlined else None
+        return JSONResponse(answer, headers=applied)
 
     async def download(self, request: Request, job_id: str, name: str) -> Response:
         """GET: one output file of a successful job (only the files its results name)."""

@@ -17,8 +17,9 @@ from typing import Any
 
 from geoserve.engine.async_engine import AsyncEngine
 from geoserve.engine.request_spec import RequestSpec
+from geoserve.errors import ConfigError, JobStoreError
 from geoserve.jobs import Job, JobStore, open_job_store
-from geoserve.jobs.runner import Execute, JobRunner
+from geoserve.jobs.runner import JOB_KEYS, Execute, JobRunner
 from geoserve.schemas import ImageOutput, ImageRequestOutput
 from geoserve.server.errors import ogc_exception
 from geoserve.server.settings import ServerSettings
@@ -42,9 +43,16 @@ class JobService:
         self.runner: JobRunner | None = None
 
     def current(self) -> JobStore | None:
-        """The store, opened (made) on first use; ``None``: jobs are off."""
+        """The store, opened (made) on first use; ``None``: jobs are off.
+
+        A store that cannot be made then is the server's trouble, not the request's: a
+        :class:`JobStoreError` (503), tried again by the next request.
+        """
         if self.store is None and self.settings.output_dir is not None:
-            self.store = self._open()
+            try:
+                self.store = self._open()
+            except (ConfigError, OSError) as exc:
+                raise JobStoreError(f"jobs are unavailable: {exc}") from exc
         return self.store
 
     def _open(self) -> JobStore:
@@ -109,7 +117,7 @@ def write_job_item(eng: AsyncEngine, job: Job, result: ImageRequestOutput, direc
     """
     from geoserve.stac_result import model_info, request_options, result_item, write_item
 
-    stored = {k: v for k, v in job.spec.items() if k not in ("job_files", "job_names")}
+    stored = {k: v for k, v in job.spec.items() if k not in JOB_KEYS}
     inline = "job_files" in job.spec
 
     def named(value: Any, i: int) -> str:

@@ -8,6 +8,10 @@ with a JSON Schema. A scene is given by reference (``{"href": URL}`` for an allo
 ``{"href": PATH}`` under an allowed input directory) or inline (``{"value": BASE64,
 "mediaType": "image/tiff"}``), under the same trust rules as ``POST /v1/images``.
 
+Outputs are given by reference (download links) unless asked by value: an execute request's
+``outputs`` with ``transmissionMode: value``, or ``Prefer: return=representation`` on the
+results; then each output of at most ``max_inline_mb`` is inline, in base64.
+
 ``oas30`` is not declared: FastAPI serves an OpenAPI 3.1 document (``/openapi.json``), which
 the ``oas30`` conformance class does not cover.
 """
@@ -82,7 +86,7 @@ def process_summary(model: str, base: str) -> dict[str, Any]:
         "version": "1.0.0",
         "description": f"Run the model {model} over a scene; outputs on the scene's grid.",
         "jobControlOptions": ["async-execute", "sync-execute", "dismiss"],
-        "outputTransmission": ["reference"],
+        "outputTransmission": ["value", "reference"],
         "links": [
             {"href": f"{base}/processes/{model}", "rel": "self", "type": "application/json"},
             {

@@ -6,8 +6,11 @@ job routes under ``/ogcapi/jobs`` (:class:`~geoserve.server.job_routes.JobRoutes
 execution with ``Prefer: respond-async`` answers 201 with the job's status and
 ``Location: /ogcapi/jobs/{jobId}``; without it the server runs the same job and answers with
 its results (outputs by reference) once it ends, or the job's status with 201 if it is still
-running when the request's time (``request_timeout_s``) is up. Errors are the standard's
-exception bodies.
+running when the request's time (``request_timeout_s``) is up. The execute request's
+``outputs`` may ask for an output by value (``{"raw": {"transmissionMode": "value"}}``): the
+job's results then give it inline, in base64, if it is at most ``max_inline_mb`` (else still
+by reference); ``Prefer: return=representation`` on the results asks so for every output.
+Errors are the standard's exception bodies.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -100,6 +103,25 @@ def spec_of(inputs: Any) -> RequestSpec:
     )
 
 
+def inline_outputs(outputs: Any, kinds: Iterable[str]) -> set[str]:
+    """The outputs an execute request's ``outputs`` asks by value (each name one of ``kinds``)."""
+    if outputs is None:
+        return set()
+    if not isinstance(outputs, dict):
+        raise InputError("outputs: a JSON object of output name to its options is needed")
+    known = list(kinds)
+    wanted = set()
+    for name, options in outputs.items():
+        if name not in known:
+            raise InputError(f"outputs: unknown output {name[:60]!r}; known: {known}")
+        mode = options.get("transmissionMode", "reference") if isinstance(options, dict) else None
+        if mode not in ("value", "reference"):
+            raise InputError(f"outputs.{name}: give {{'transmissionMode': 'value' or 'reference'}}")
+        if mode == "value":
+            wanted.add(name)
+    return wanted
+
+
 class OgcRoutes:
     """The ``/ogcapi`` routes (see the module docstring)."""
 
@@ -168,7 +190,9 @@ class OgcRoutes:
             raise InputError("the execute request must be a JSON object") from None
         if not isinstance(body, dict):
             raise InputError("the execute request must be a JSON object")
-        job = await self.jobs.create_job(spec_of(body.get("inputs")))
+        spec = spec_of(body.get("inputs"))
+        inline = inline_outputs(body.get("outputs"), self._ready_engine().engine.kinds_offered())
+        job = await self.jobs.create_job(spec, inline)
         info = status_info(job, self.jobs.base(request))
         location = {"Location": info["links"][0]["href"]}
         if "respond-async" in request.headers.get("prefer", ""):

@@ -98,8 +98,9 @@ class ServerFields(BaseModel):
     job_workers: int = Field(1, ge=1)
     """Jobs run at once (each at a lower priority than interactive requests)."""
     max_inline_mb: float = Field(8.0, gt=0)
-    """Largest job input given inline (base64, decoded size); larger gets 413. Results are
-    always given by reference (download links)."""
+    """Largest job input given inline (base64, decoded size); larger gets 413. Also the
+    largest output a job's results give inline when asked (Prefer: return=representation, or
+    an OGC output by value); a larger one stays a download link."""
     allow_hub_weights: bool = False
     """Let --weights be a Hub reference (hf://...), fetched from huggingface.co (or HF_ENDPOINT)
     at start-up; off: the server refuses to start with one."""
