@@ -10,6 +10,11 @@ Layouts:
   ``model.decoder.*``, ``model.head.*``); ``aux_heads`` are dropped (training only). With only
   ``model.encoder.*`` keys it is the encoder alone.
 
+A TiM fine-tune (``backbone: terramind_v1_<size>_tim``) has the same layout, its encoder
+holding the generator too (``model.encoder.sampler.model.*``) and the TiM modalities' token
+embeddings (``encoder_embeddings.tok_*``); it needs its config, which says what is generated
+(:mod:`geoserve.models.terramind.tim`).
+
 The architecture comes from the weights' shapes (width, depth, gated MLP, biases, modalities
 and their channel counts, the position grid, decoder kind and channels, head, classes), then
 from a TerraTorch config (beside the checkpoint as ``config.yaml``/``config.json``, or named),
@@ -34,6 +39,7 @@ from geoserve.models.state_dict import check_matches, load_strict, read_state_di
 from geoserve.models.terramind.config import TerraMindSpec, read_spec
 from geoserve.models.terramind.encoder import TerraMindEncoder
 from geoserve.models.terramind.segmentation import TerraMindSegmentation
+from geoserve.models.terramind.tim_config import TIM_KEYS
 from geoserve.models.terramind.variants import (
     FEATURE_INDICES,
     PATCH_SIZE,
@@ -170,8 +176,15 @@ def load_terramind(path: str | Path, config: str | os.PathLike[str] | None = Non
     cfg_path = Path(config) if config is not None else find_config(path)
     spec = read_spec(cfg_path) if cfg_path is not None else TerraMindSpec()
     state = normalize_keys(read_state_dict(path))
+    if spec.tim is None and any(k.startswith("encoder.sampler.model.") for k in state):
+        given = f"config {cfg_path} names no TiM backbone" if cfg_path else "no config with it"
+        raise WeightsError(
+            f"{path}: a TerraMind TiM fine-tune (it holds encoder.sampler.model.*), but {given}; "
+            "its config names backbone terramind_v1_<size>_tim and backbone_tim_modalities"
+        )
     names = _modality_names(state, spec, path)
     keep = {modality_key(n) for n in names}
+    keep |= {TIM_KEYS[m] for m in spec.tim.modalities} if spec.tim is not None else set()
     present = {m.group(1) for k in state if (m := _EMBED.match(k))}
     absent = [n for n in names if modality_key(n) not in present]
     if absent:
@@ -233,8 +246,11 @@ def _modality_names(
 
 def _build(encoder: dict[str, Any], arch: dict[str, Any], spec: TerraMindSpec) -> nn.Module:
     classes = spec.num_classes or arch.get("num_classes")
+    backbone: dict[str, Any] | TerraMindEncoder = encoder
+    if spec.tim is not None:
+        backbone = _tim_encoder(encoder, spec)
     if classes is None and spec.decoder is None:
-        return TerraMindEncoder(**encoder)
+        return backbone if isinstance(backbone, TerraMindEncoder) else TerraMindEncoder(**encoder)
     if classes is None:
         raise ValueError("a fine-tune needs num_classes (config) or a head (weights)")
     necks = spec.necks if spec.necks is not None else arch["necks"]
@@ -243,10 +259,28 @@ def _build(encoder: dict[str, Any], arch: dict[str, Any], spec: TerraMindSpec) -
         if n["name"] == "SelectIndices" and "indices" not in n:
             n["indices"] = list(FEATURE_INDICES[encoder["depth"]])
     return TerraMindSegmentation(
-        encoder,
+        backbone,
         necks=necks,
         decoder=spec.decoder or arch["decoder"],
         num_classes=classes,
         decoder_args={**arch.get("decoder_args", {}), **spec.decoder_args},
         head_args={**arch.get("head_args", {}), **spec.head_args},
+    )
+
+
+def _tim_encoder(encoder: dict[str, Any], spec: TerraMindSpec) -> TerraMindEncoder:
+    """The TiM backbone of a ``terramind_v1_<size>_tim`` config (inputs: all their bands)."""
+    from geoserve.models.terramind.generation import DECODER_DEPTH
+    from geoserve.models.terramind.tim import TerraMindTiMEncoder
+
+    assert spec.tim is not None
+    assert spec.variant is not None
+    if encoder["num_register_tokens"]:
+        raise ValueError("a TiM backbone has no register tokens")
+    return TerraMindTiMEncoder(
+        list(encoder["modalities"]),
+        spec.tim,
+        decoder_depth=DECODER_DEPTH[spec.variant],
+        **{k: encoder[k] for k in ("dim", "depth", "num_heads", "gated_mlp", "bias", "merge")},
+        img_size=encoder["img_size"],
     )

@@ -1,6 +1,8 @@
 """TerraMind architecture from a TerraTorch fine-tune config (``model.init_args.model_args``).
 
-Read: ``backbone`` (``terramind_v1_tiny|small|base|large``), ``backbone_modalities``,
+Read: ``backbone`` (``terramind_v1_tiny|small|base|large``, or one of them with ``_tim``: a
+"Thinking in Modalities" backbone, whose ``backbone_tim_*`` arguments
+:mod:`~geoserve.models.terramind.tim_config` reads), ``backbone_modalities``,
 ``backbone_merge_method``, ``backbone_bands`` (a band subset per modality: fewer input
 channels), ``backbone_img_size``, ``necks``, ``decoder`` (``UperNetDecoder``/``UNetDecoder``)
 with ``decoder_channels``/``decoder_pool_scales``/``decoder_align_corners``, ``head_dropout``,
@@ -21,9 +23,11 @@ from typing import Any
 
 from geoserve.errors import WeightsError
 from geoserve.models.config_file import read_mapping, section
+from geoserve.models.terramind.tim_config import TIM_ARGS, TiMOptions, read_tim_options
 from geoserve.models.terramind.variants import MODALITIES, VARIANTS, modality_key
 
-_TRAINING_ONLY = ("backbone_pretrained", "backbone_ckpt_path", "backbone_drop_path", "rescale")
+_TRAINING_ONLY: tuple[str, ...] = ("backbone_pretrained", "backbone_ckpt_path", "rescale")
+_TRAINING_ONLY += ("backbone_drop_path", "backbone_modality_drop_rate")
 _DECODER_ARGS = {"decoder_channels": "channels", "decoder_pool_scales": "pool_scales"}
 _DECODER_ARGS["decoder_align_corners"] = "align_corners"
 _MAX_CLASSES = 4096
@@ -43,6 +47,7 @@ class TerraMindSpec:
     decoder_args: dict[str, Any] = field(default_factory=dict)
     head_args: dict[str, Any] = field(default_factory=dict)
     num_classes: int | None = None
+    tim: TiMOptions | None = None  # a TiM backbone (``terramind_v1_<size>_tim``)
 
 
 def is_terramind_config(raw: Mapping[str, Any]) -> bool:
@@ -76,25 +81,11 @@ def parse_spec(args: Mapping[str, Any], path: Path | str) -> TerraMindSpec:
 
     spec = TerraMindSpec()
     backbone = args.get("backbone")
-    if backbone not in VARIANTS:
-        raise bad("backbone", f"one of {', '.join(VARIANTS)}")
-    spec.variant = str(backbone)
-    mods = args.get("backbone_modalities")
-    if mods is not None:
-        if not isinstance(mods, list) or not mods or not all(isinstance(m, str) for m in mods):
-            raise bad("backbone_modalities", "a list of modality names")
-        for m in mods:
-            try:
-                key = modality_key(m)
-            except ValueError as exc:
-                raise WeightsError(f"{path}: backbone_modalities: {exc}") from None
-            if key.startswith("tok_"):
-                image = ", ".join(n for n, i in MODALITIES.items() if not i.tokenized)
-                raise WeightsError(
-                    f"{path}: modality {m} needs TerraMind's tokenizer, which geoserve does not "
-                    f"run; image modalities: {image}"
-                )
-        spec.modalities = list(mods)
+    variant = backbone.removesuffix("_tim") if isinstance(backbone, str) else backbone
+    if variant not in VARIANTS:
+        raise bad("backbone", f"one of {', '.join(VARIANTS)} (a TiM backbone: with _tim)")
+    spec.variant = str(variant)
+    spec.modalities = _read_modalities(args, bad, path)
     bands = args.get("backbone_bands")
     if bands is not None:
         if not isinstance(bands, Mapping) or not all(
@@ -111,8 +102,30 @@ def parse_spec(args: Mapping[str, Any], path: Path | str) -> TerraMindSpec:
     if img is not None and (not _int(img) or img % 16 or not 16 <= img <= 4096):
         raise bad("backbone_img_size", "a multiple of 16 from 16 to 4096")
     spec.img_size = img
+    if backbone != variant:
+        spec.tim = read_tim_options(args, spec.modalities, path, bad)
     _read_head(args, spec, bad, path)
     return spec
+
+
+def _read_modalities(args: Mapping[str, Any], bad: Any, path: Path | str) -> list[str] | None:
+    mods = args.get("backbone_modalities")
+    if mods is None:
+        return None
+    if not isinstance(mods, list) or not mods or not all(isinstance(m, str) for m in mods):
+        raise bad("backbone_modalities", "a list of modality names")
+    for m in mods:
+        try:
+            key = modality_key(m)
+        except ValueError as exc:
+            raise WeightsError(f"{path}: backbone_modalities: {exc}") from None
+        if key.startswith("tok_"):
+            image = ", ".join(n for n, i in MODALITIES.items() if not i.tokenized)
+            raise WeightsError(
+                f"{path}: modality {m} needs TerraMind's tokenizer, which geoserve does not "
+                f"run; image modalities: {image}"
+            )
+    return list(mods)
 
 
 def _check_band_keys(spec: TerraMindSpec, path: Path | str) -> None:
@@ -163,6 +176,7 @@ def _read_head(args: Mapping[str, Any], spec: TerraMindSpec, bad: Any, path: Pat
         if k.startswith(("backbone_", "decoder_", "head_"))
         and k not in _DECODER_ARGS
         and k not in _TRAINING_ONLY
+        and (spec.tim is None or k not in TIM_ARGS)
         and k
         not in (
             "backbone_modalities",

@@ -13,6 +13,10 @@ normalised with TerraMind's published pretraining statistics of the bands it tak
 One modality: a :class:`~geoserve.processors.GeoTiffPatcher` (a file in, as a single-input
 model). Several: a :class:`~geoserve.processors.MultimodalPatcher` keyed by the config's
 modality names, each optional (TerraMind merges whichever modalities are given).
+
+A TiM fine-tune (``terramind_v1_<size>_tim``) reads the same way: its inputs are
+``backbone_modalities`` (each with all of its pretrained bands, in their order), and what it
+generates from them (``backbone_tim_modalities``) is no input.
 """
 
 from __future__ import annotations
@@ -60,6 +64,8 @@ def terramind_processors(path: Path) -> tuple[InputProcessor, SegmentationReasse
         classes=read_class_names(init.get("class_names"), spec.num_classes, path)
     )
     describe = f"TerraMind {spec.variant} ({', '.join(spec.modalities)}) + {spec.decoder}"
+    if spec.tim is not None:
+        describe += f", thinking in {', '.join(spec.tim.modalities)} (TiM)"
     if len(parts) == 1:
         m = parts[0]
         single = GeoTiffPatcher(
@@ -134,6 +140,11 @@ def _modality(
                 f"output_bands.{name}",
                 f"names bands {name} does not have; its bands: {', '.join(info.bands)}",
             )
+    if spec.tim is not None and taken != list(info.bands):
+        raise v.error(
+            f"output_bands.{name}",
+            f"a TiM model takes all of {name}'s bands in their order: {', '.join(info.bands)}",
+        )
     stats = {}
     for key, published in (("means", info.mean), ("stds", info.std)):
         given = _per_modality(data, key, name, v)

@@ -201,7 +201,9 @@ class TerraMindEncoder(nn.Module):
         self.num_register_tokens = num_register_tokens
         if num_register_tokens:
             self.register_tokens = nn.Parameter(torch.zeros(1, num_register_tokens, dim))
-        width = dim * len(modalities) if merge == "concat" else dim
+        #: Modality sequences a concatenation holds (missing ones: ``missing_mod_token``).
+        self.slots = len(modalities)
+        width = dim * self.slots if merge == "concat" else dim
         self.out_channels = [width] * depth
 
     @property
@@ -216,17 +218,29 @@ class TerraMindEncoder(nn.Module):
         model's modalities, in any order; they are taken in the model's order); a bare tensor
         is the first modality.
         """
+        x = self.given(x)
+        return self.encode([self.encoder_embeddings[self.keys[m]](t) for m, t in x.items()])
+
+    def given(self, x: Mapping[str, torch.Tensor] | torch.Tensor) -> dict[str, torch.Tensor]:
+        """The inputs in the model's order (a bare tensor: the first modality), checked.
+
+        Raises:
+            ValueError: unknown modalities, or none of the model's.
+        """
         if isinstance(x, torch.Tensor):
             x = {self.modalities[0]: x}
         unknown = [m for m in x if m not in self.keys]
         if unknown:
             raise ValueError(f"unknown modalities {unknown}; this model takes {self.modalities}")
-        given = [m for m in self.keys if m in x]
+        given = {m: x[m] for m in self.keys if m in x}
         if not given:
             raise ValueError(f"no input; this model takes {self.modalities}")
-        seqs = [self.encoder_embeddings[self.keys[m]](x[m]) for m in given]
+        return given
+
+    def encode(self, seqs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """Embedded per-modality token sequences (B, N, D) -> the merged features of each layer."""
         sizes = [s.shape[1] for s in seqs]
-        tokens = torch.cat(seqs, dim=1)
+        tokens = torch.cat(list(seqs), dim=1)
         if self.num_register_tokens:
             tokens = torch.cat([self.register_tokens.expand(tokens.shape[0], -1, -1), tokens], 1)
         out = []
@@ -243,7 +257,7 @@ class TerraMindEncoder(nn.Module):
             return per.mean(dim=1)
         if self.merge == "max":
             return per.max(dim=1)[0]
-        missing = len(self.keys) - per.shape[1]
+        missing = self.slots - per.shape[1]
         if missing:
             fill = self.missing_mod_token.repeat(per.shape[0], missing, per.shape[2], 1)
             per = torch.cat([per, fill], dim=1)

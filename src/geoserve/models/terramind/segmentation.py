@@ -144,7 +144,8 @@ class TerraMindSegmentation(nn.Module):
     """TerraMind encoder + necks + decoder + head: modality dict -> logits (B, classes, H, W).
 
     Args:
-        encoder: The encoder's arguments (:class:`TerraMindEncoder`).
+        encoder: The encoder's arguments (:class:`TerraMindEncoder`), or the encoder itself
+            (a TiM backbone: :class:`~geoserve.models.terramind.tim.TerraMindTiMEncoder`).
         necks: TerraTorch's neck list (dicts with ``name`` and arguments).
         decoder: ``UperNetDecoder`` or ``UNetDecoder``.
         decoder_args: ``channels`` (an int for UperNet, a list for UNet), and for UperNet
@@ -155,7 +156,7 @@ class TerraMindSegmentation(nn.Module):
 
     def __init__(
         self,
-        encoder: Mapping[str, Any],
+        encoder: Mapping[str, Any] | TerraMindEncoder,
         *,
         necks: Sequence[Mapping[str, Any]],
         decoder: str,
@@ -164,7 +165,9 @@ class TerraMindSegmentation(nn.Module):
         head_args: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__()
-        self.encoder = TerraMindEncoder(**encoder)
+        self.encoder = (
+            encoder if isinstance(encoder, TerraMindEncoder) else TerraMindEncoder(**encoder)
+        )
         self.neck, levels = build_necks(necks, list(self.encoder.out_channels))
         if not any(isinstance(m, TokensToImage) for m in self.neck):
             raise ValueError("the necks must include ReshapeTokensToImage (tokens to maps)")
