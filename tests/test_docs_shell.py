@@ -84,6 +84,10 @@ RUN_HERE = {
 
 #: Run as written by another test.
 RUN_ELSEWHERE = {
+    "geoserve predict -i S2L2A=s2_l2a.tif -o scene.tif --model terramind-v1-tiny-generate "
+    "--output-kind lulc,confidence --seed 7 # scene_lulc.tif, scene_confidence.tif": (
+        "tests/models/terramind/test_generate_hub.py::test_generation_md_command"
+    ),
     f"geoserve predict {L1C} -o water --output-kind classes,confidence,polygons --stac-item": (
         "tests/test_stac_result.py::test_outputs_md_stac_item_command"
     ),
@@ -132,6 +136,32 @@ RUN_ELSEWHERE = {
     ),
     **dict.fromkeys(
         [
+            "JOB=$(curl -sS --fail-with-body -X POST localhost:8000/v1/jobs -F file=@scene.tif "
+            "| jq -r .jobID)",
+            "curl -sS --fail-with-body localhost:8000/v1/jobs/$JOB | jq -c '{status, progress, "
+            "message}'",
+            "while curl -sS --fail-with-body localhost:8000/v1/jobs/$JOB | jq -e '.status == "
+            '"accepted" or .status == "running"\' > /dev/null; do sleep 1; done',
+            "curl -sS --fail-with-body localhost:8000/v1/jobs/$JOB/results -o results.json # "
+            '{"classes": {"href": ".../outputs/out.tif", ...}, "stac-item": ...}',
+            'curl -sS --fail-with-body -o job_water.tif "$(jq -r .classes.href results.json)"',
+            "curl -sS --fail-with-body -H 'Prefer: return=representation' "
+            "localhost:8000/v1/jobs/$JOB/results -o inline.json # small outputs inline",
+            "jq -r .classes.value inline.json | base64 -d > inline_water.tif # the same bytes "
+            "as job_water.tif",
+            "curl -sS --fail-with-body -X DELETE localhost:8000/v1/jobs/$JOB | jq -r .status # "
+            "dismissed: its files are removed",
+            "curl -sS --fail-with-body -D headers.txt -o status.json -X POST "
+            "localhost:8000/ogcapi/processes/demo-water/execution -H 'Content-Type: "
+            "application/json' -H 'Prefer: respond-async' -d '{\"inputs\": {\"image\": "
+            '{"href": "https://example.org/scene.tif"}}}\'',
+            "grep -i '^location:' headers.txt # Location: "
+            "http://localhost:8000/ogcapi/jobs/job-...",
+        ],
+        "tests/server/test_jobs_docs.py::test_serving_md_jobs_commands",
+    ),
+    **dict.fromkeys(
+        [
             f"geoserve predict {L1C} -o dark_water.tif --model example-bright-water",
             "geoserve predict S2B_20230601T101559_L2A.tif S2B_20230701T101559_L2A.tif "
             "--time-series --model example-change -o change.tif",
@@ -145,6 +175,14 @@ RUN_ELSEWHERE = {
 
 #: Not run here, and why.
 CANNOT_RUN = {
+    "geoserve predict -i S2L2A=s2_l2a.tif -o scene.tif --model terramind-v1-tiny-generate "
+    "--output-kind s1grd,dem,lulc --seed 7 # + radar and a DEM: 50 UNet steps a patch each": (
+        "downloads two 0.8 GB diffusion tokenizers and runs 100 UNet calls (~190 GFLOP each) "
+        "per 224 px patch: a GPU's work; test_generation_md_command runs the LULC line"
+    ),
+    "geoserve serve --model terramind-v1-base-generate --output-kind s1grd,lulc --device cuda": (
+        "needs a CUDA GPU and the base checkpoints from the Hub"
+    ),
     "./scripts/setup.sh # installs the `server` extra too": "creates the virtual environment "
     "and installs every extra from the package index (minutes, network): the environment "
     "these tests run in is what it makes",
