@@ -47,7 +47,9 @@ class TinyParts:
 
     def generator(self, inputs: Sequence[str], outputs: Sequence[str]) -> TerraMindGenerator:
         seed = sum(ord(c) for c in "".join(outputs))
-        return randomise(TerraMindGenerator(inputs, outputs, **TINY_GENERATOR), seed)  # type: ignore[return-value]
+        model = TerraMindGenerator(inputs, outputs, **TINY_GENERATOR)  # type: ignore[arg-type]
+        randomise(model, seed)
+        return model
 
     def tokenizer(self, modality: str) -> DiVAE | VQVAE:
         spec = tokenizer_spec(modality)
@@ -56,7 +58,8 @@ class TinyParts:
             tok: DiVAE | VQVAE = VQVAE(spec.channels, spec.levels, encoder=False, vit=TINY_VIT)
         else:
             tok = DiVAE(spec.channels, spec.levels, encoder=False, unet=TINY_UNET)
-        return randomise(tok, seed)  # type: ignore[return-value]
+        randomise(tok, seed)
+        return tok
 
 
 def _modality(name: str) -> Modality:
