@@ -15,8 +15,11 @@ from geoserve.errors import GeoServeError
 
 if TYPE_CHECKING:
     import torch
+    import xarray
 
-OutFormat = Literal["path", "tensor", "b64", "bytes"]
+#: ``xarray``: an ``xarray.DataArray`` per kind, together an ``xarray.Dataset`` (the ``xarray``
+#: extra; docs/xarray.md).
+OutFormat = Literal["path", "tensor", "b64", "bytes", "xarray"]
 #: What a request's output is: class ids, class probabilities, raw values, the winning class's
 #: probability, the class regions as polygons (a vector file), the encoder's patch tokens on
 #: the token grid, or one pooled embedding per patch (a vector file).
@@ -82,10 +85,11 @@ class StageTimings:
 class ImageOutput:
     """One output of an image request (one kind of product), in the requested form.
 
-    Exactly one of ``path``, ``tensor``, ``b64`` or ``data`` is set, per ``out_format``.
-    ``tensor`` is the output raster as (bands, H, W) in its output dtype. For a raster,
-    ``count`` is its band count and ``dtype`` its data type; for a vector output
-    (``polygons``), ``count`` is its number of features and ``dtype`` its file format
+    Exactly one of ``path``, ``tensor``, ``b64``, ``data`` or ``xarray`` is set, per
+    ``out_format``. ``tensor`` is the output raster as (bands, H, W) in its output dtype;
+    ``xarray`` the same values as an ``xarray.DataArray`` (band, y, x) with its coords and
+    CRS. For a raster, ``count`` is its band count and ``dtype`` its data type; for a vector
+    output (``polygons``), ``count`` is its number of features and ``dtype`` its file format
     (``"parquet"``, ``"geojson"``, ``"gpkg"``); ``width`` and ``height`` are the input grid's.
     """
 
@@ -100,6 +104,7 @@ class ImageOutput:
     tensor: torch.Tensor | None = None
     b64: str | None = None
     data: bytes | None = None
+    xarray: xarray.DataArray | None = None
 
 
 @dataclass
@@ -125,6 +130,19 @@ class ImageRequestOutput:
     def ok(self) -> bool:
         """Finished without error."""
         return self.finished and self.error is None
+
+    @property
+    def dataset(self) -> xarray.Dataset:
+        """An ``out_format="xarray"`` request's products as one ``xarray.Dataset``.
+
+        One variable per output kind (see :func:`geoserve.raster.xarray_sink.to_dataset`).
+
+        Raises:
+            GeoServeError: the request failed (its error), or was not an xarray one.
+        """
+        from geoserve.raster.xarray_sink import to_dataset  # (xarray only when asked)
+
+        return to_dataset(self.raise_for_error().outputs_by_kind)
 
     def raise_for_error(self) -> ImageRequestOutput:
         """Raise the request's error, if any; return self otherwise."""

@@ -139,7 +139,7 @@ def coords():
 
 def test_check_refuses_a_bad_out_format_as_admission_did(coords):
     bad = RequestSpec("a.tif", out_format="png")  # type: ignore[arg-type]
-    want = "invalid out_format 'png'; choose one of path, tensor, b64, bytes"
+    want = "invalid out_format 'png'; choose one of path, tensor, b64, bytes, xarray"
     with pytest.raises(ConfigError) as err:
         bad.check(coords)
     assert str(err.value) == want

@@ -112,17 +112,18 @@ def product_sink(
     ``patch-embeddings``.
 
     Raises:
-        ConfigError: a vector kind asked for as a tensor, or a GeoTIFF named with another
-            format's suffix.
+        ConfigError: a vector kind asked for as a tensor or xarray, or a GeoTIFF named with
+            another format's suffix.
         OutputWriteError: the output directory does not exist.
     """
     grid = ctx.grid
     kind = getattr(out_proc, "kind", None)
     if path is not None and kind not in VECTOR_KINDS:
         check_geotiff_name(path, str(kind or "the output"))
-    if kind in VECTOR_KINDS and out_format == "tensor":
+    if kind in VECTOR_KINDS and out_format in ("tensor", "xarray"):
         raise ConfigError(
-            f"{kind} are a vector file: ask for them as a path, bytes or base64, not a tensor"
+            f"{kind} are a vector file: ask for them as a path, bytes or base64, not "
+            f"{'a tensor' if out_format == 'tensor' else 'xarray'}"
         )
     if kind == "embeddings" and spec.token_size:
         profile = token_profile(ctx.profile, grid, spec.token_size)

@@ -33,6 +33,7 @@ from rasterio.windows import Window
 
 from geoserve.config import check_request_options
 from geoserve.errors import ConfigError, InputError, count
+from geoserve.raster.cube import expand
 from geoserve.raster.dates import request_dates
 from geoserve.raster.input_values import NamedBytes, RasterWindow
 from geoserve.raster.source import DataFormat, RasterLike
@@ -94,11 +95,13 @@ class RequestSpec:
     Attributes:
         inputs: One raster (a path, URL, bytes, base64 text, :class:`NamedBytes`, a STAC Item,
             a :class:`RasterWindow` or a :class:`RasterArray`), a list of rasters (the dates of
-            one place), or a dict of modality name to one raster or a list of its dates.
+            one place), or a dict of modality name to one raster or a list of its dates. An
+            ``xarray.DataArray`` (band, [time,] y, x) is one raster per date of its ``time``
+            dim (:mod:`geoserve.raster.cube`).
         request_id: The request's id (None: the engine makes one).
         output_path: Where a ``path`` output goes (a file, the stem of several kinds' files, or
             a directory); None: the engine's output directory.
-        out_format: ``path``, ``bytes``, ``b64`` or ``tensor``.
+        out_format: ``path``, ``bytes``, ``b64``, ``tensor`` or ``xarray`` (docs/xarray.md).
         data_format: How to read text inputs (``auto``, ``path``, ``bytes``, ``b64``, ``url``).
         bands: Band selectors (0-based indices or descriptions) instead of the model's.
         output_kind: One kind, several (a sequence, or text separated by commas) from the same
@@ -170,7 +173,8 @@ class RequestSpec:
         if isinstance(self.inputs, Mapping):
             items, when = modality_items(self.inputs, self.dates)
         else:
-            items = list(self.inputs) if isinstance(self.inputs, list | tuple) else [self.inputs]
+            given = self.inputs
+            items = list(given) if isinstance(given, list | tuple) else expand(given)  # (cube)
             when = request_dates(self.dates, len(items))
         path = self.output_path
         return dataclasses.replace(
@@ -325,7 +329,7 @@ def modality_items(
     for name, value in inputs.items():
         if not isinstance(name, str) or not name:
             raise InputError(f"modality names must be non-empty strings, got {name!r}")
-        items[name] = list(value) if isinstance(value, list | tuple) else [value]
+        items[name] = list(value) if isinstance(value, list | tuple) else expand(value)
         if not items[name]:
             raise InputError(f"modality {name!r}: an empty list of inputs")
     if dates is None:

@@ -4,8 +4,10 @@ The engine hands each band of finished rows to the request's :class:`OutputSink`
 rows are final (see :mod:`geoserve.engine.canvas`), so a scene never has to fit in memory.
 ``path`` streams into a tiled GeoTIFF under a temporary name, renamed into place only when the
 last row is in; ``b64`` and ``bytes`` stream into an in-memory GeoTIFF; ``tensor`` fills one
-array. :meth:`OutputSink.abort` (a failed or cancelled request) leaves nothing behind. A sink's
-``cancelled`` is its request's cancel flag: a long commit (tracing polygons) checks it.
+array; ``xarray`` fills one array and commits it as a DataArray
+(:mod:`geoserve.raster.xarray_sink`). :meth:`OutputSink.abort` (a failed or cancelled
+request) leaves nothing behind. A sink's ``cancelled`` is its request's cancel flag: a long
+commit (tracing polygons) checks it.
 """
 
 from __future__ import annotations
@@ -150,9 +152,14 @@ def make_sink(
 
     Raises:
         OutputWriteError: the output directory does not exist.
+        ConfigError: ``xarray`` without the ``xarray`` extra installed.
     """
     if out_format == "tensor":
         return ArraySink(height, width)
+    if out_format == "xarray":
+        from geoserve.raster.xarray_sink import XarraySink  # (it builds on this module)
+
+        return XarraySink(profile, height, width)
     path = path if out_format == "path" else None
     return GeoTiffSink(path, profile, height, width, cog=cog, codec=codec)
 

@@ -41,6 +41,7 @@ from geoserve.errors import (
     RasterReadError,
 )
 from geoserve.raster.budget import remote_env
+from geoserve.raster.cube import cube_raster, is_dataarray
 
 # the input values open_raster takes beside paths and bytes (their own module; named here too)
 from geoserve.raster.input_values import NamedBytes as NamedBytes
@@ -281,7 +282,8 @@ def open_raster(
     Whatever the form, the content is opened only by the GDAL drivers in ``formats`` (GeoTIFF
     by default): see :mod:`geoserve.raster.trust`.
 
-    ``data_format="auto"`` treats ``bytes`` as a GeoTIFF, a :class:`RasterArray` as itself, an
+    ``data_format="auto"`` treats ``bytes`` as a GeoTIFF, a :class:`RasterArray` as itself (an
+    ``xarray.DataArray`` of one date as one: :mod:`geoserve.raster.cube`), an
     existing path as a path, an ``http(s)://`` URL as a remote file read in place by range
     requests (GDAL's ``/vsicurl/``; a Cloud-Optimized GeoTIFF reads best), and any other long
     base64-looking string as base64. (The server never passes client strings here unchecked:
@@ -305,10 +307,10 @@ def open_raster(
         except BaseException:
             source.close()
             raise
-    elif isinstance(obj, RasterArray):
+    elif isinstance(obj, RasterArray) or is_dataarray(obj):
         from geoserve.raster.arrays import ArraySource  # (it builds on this module)
 
-        source = ArraySource(obj)
+        source = ArraySource(obj if isinstance(obj, RasterArray) else cube_raster(obj))
     elif isinstance(obj, NamedBytes):
         if data_format not in ("auto", "bytes"):
             raise InputError(f"got bytes but data_format={data_format!r}")
