@@ -26,6 +26,12 @@ SAMPLE: dict[str, Any] = {
     "device": "cuda:1",
     "dtype": "bf16",
     "quantize": "int8",
+    "backend": "openvino",
+    "precision": "fp32",
+    "calibrate": [Path("scene.tif")],
+    "accuracy_gate": "warn",
+    "force_precision": True,
+    "backend_cache_dir": Path("converted"),
     "threads": 3,
     "patch_size": 32,
     "stride": 16,
@@ -77,6 +83,8 @@ def as_flags(name: str, value: Any) -> list[str]:
 def expected(name: str, base: Path) -> Any:
     """The sample as the configuration holds it (relative paths: below ``base``)."""
     value = SAMPLE[name]
+    if isinstance(value, list) and value and isinstance(value[0], Path):
+        return [base / v for v in value]
     return base / value if isinstance(value, Path) else value
 
 
@@ -114,7 +122,8 @@ def test_every_field_is_reachable_everywhere(name, helps, tmp_path, monkeypatch)
     args = build_parser().parse_args(["serve", *flags])
     assert getattr(server_settings(args).engine, name) == SAMPLE[name]
     # a configuration file, YAML and JSON; relative paths are relative to the file
-    value = [str(v) for v in SAMPLE[name]] if name == "allowed_formats" else SAMPLE[name]
+    listed = name in ("allowed_formats", "calibrate")
+    value = [str(v) for v in SAMPLE[name]] if listed else SAMPLE[name]
     value = str(value) if isinstance(value, Path) else value
     conf = tmp_path / "conf"
     conf.mkdir()

@@ -29,7 +29,14 @@ from geoserve.raster.source import open_raster
 from geoserve.raster.trust import DEFAULT_INPUT_FORMATS
 
 #: The options that trade exactness for speed: the reference runs without them.
-SPEED_OPTIONS: dict[str, Any] = {"quantize": None, "dtype": None, "compile": False}
+SPEED_OPTIONS: dict[str, Any] = {
+    "quantize": None,
+    "dtype": None,
+    "compile": False,
+    "backend": "torch",
+    "precision": None,
+    "calibrate": None,
+}
 #: Rows compared at a time.
 ROWS = 512
 
@@ -117,7 +124,7 @@ def compare_settings(
     if settings_of(candidate) == "float32":
         raise ConfigError(
             "bench-accuracy: nothing to compare; give the faster setting to check "
-            "(--quantize int8, --dtype bf16 or --compile)"
+            "(--quantize int8, --dtype bf16, --compile or --backend openvino)"
         )
     reference = EngineConfig.build(candidate, **SPEED_OPTIONS)
     if labels is not None:

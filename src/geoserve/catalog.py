@@ -46,6 +46,8 @@ class ModelEntry:
     kinds: list[str] = field(default_factory=list)  # every kind it can produce (--output-kind)
     classes: list[str] = field(default_factory=list)
     validated: list[str] = field(default_factory=list)  # speed options checked (--quantize)
+    # its converted forms in the default cache (--backend openvino): key parts, gate figures
+    converted: list[dict[str, Any]] = field(default_factory=list)
     error: str | None = None  # why the model cannot be used (a processor is missing)
 
     def cells(self) -> dict[str, str]:
@@ -80,6 +82,7 @@ class ModelEntry:
 def model_entries() -> list[ModelEntry]:
     """Every registered model (installed plugins loaded first), by name."""
     from geoserve.engine import resolve_model
+    from geoserve.engine.converted_cache import converted_of
     from geoserve.engine.products import kinds_offered
     from geoserve.plugins import load_plugins
     from geoserve.registry import MODEL_REGISTRY
@@ -102,6 +105,7 @@ def model_entries() -> list[ModelEntry]:
             name, plugin, spec.description, weights, spec.weights_hint, spec.input_description
         )
         entry.validated = list(spec.validated)
+        entry.converted = converted_of(name)
         try:
             _, inp, out = resolve_model(spec)
         except GeoServeError as exc:

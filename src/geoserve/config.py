@@ -32,6 +32,8 @@ DEFAULT_MAX_PATCHES = 200_000
 
 DType = Literal["float32", "fp32", "bfloat16", "bf16", "float16", "fp16"]
 Preprocess = Literal["auto", "host", "device"]
+Backend = Literal["torch", "openvino"]
+Precision = Literal["fp32", "bf16", "int8"]
 
 
 class EngineConfig(BaseModel):
@@ -55,6 +57,26 @@ class EngineConfig(BaseModel):
     quantize: Literal["int8"] | None = None
     """CPU only: run the model's linear layers in int8 (dynamic quantisation; check the
     accuracy on your scene first: geoserve bench-accuracy)."""
+    backend: Backend = "torch"
+    """What runs the model: torch, or openvino (CPU only: the loaded model converted once per
+    patch size and cached on disk; docs/performance.md)."""
+    precision: Precision | None = None
+    """openvino backend: fp32 (the default), bf16 (CPUs with native bf16: AMX or AVX512-BF16)
+    or int8 (post-training static quantisation calibrated on --calibrate scenes; CPUs with
+    VNNI/AMX)."""
+    calibrate: list[Path] | None = None
+    """openvino: scenes whose patches (a few dozen, through the model's input processor)
+    calibrate int8 and check int8, bf16 (required) or fp32 against torch fp32 (the torch
+    backend does not use them)."""
+    accuracy_gate: Literal["refuse", "warn"] = "refuse"
+    """openvino int8/bf16: under 99 % same classes as torch fp32 on the calibration patches,
+    refuse to start (or only warn)."""
+    force_precision: bool = False
+    """openvino: use bf16 or int8 even where the CPU lacks what makes them pay (bf16: AMX or
+    AVX512-BF16; int8: AVX512-VNNI, AVX-VNNI or AMX)."""
+    backend_cache_dir: Path | None = None
+    """Where converted models are kept (default: $XDG_CACHE_HOME/geoserve/converted, else
+    ~/.cache/geoserve/converted)."""
     threads: Annotated[int, Field(ge=1)] | None = None
     """Torch CPU threads for the model (default: torch's, one per core; 1 can be faster for
     tiny models, see performance.md)."""
@@ -181,6 +203,36 @@ class EngineConfig(BaseModel):
             raise ValueError(
                 f"quantize: {self.quantize} runs the other layers in float32; it does not "
                 f"combine with dtype {self.dtype}"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _backend_options(self) -> EngineConfig:
+        """The openvino backend: on the CPU, alone; int8 and bf16 need scenes to check on."""
+        if self.backend == "torch":
+            if self.precision not in (None, "fp32"):
+                raise ValueError(
+                    f"precision: {self.precision} is an openvino precision (--backend openvino); "
+                    "with torch use --quantize int8 or --dtype bf16"
+                )
+            return self
+        if not self.device.startswith("cpu"):
+            raise ValueError(f"backend: {self.backend} runs on the CPU, not on {self.device}")
+        clash = [
+            f"{k} {v}"
+            for k, v in (("quantize", self.quantize), ("dtype", self.dtype))
+            if v not in (None, "float32", "fp32")
+        ] + (["compile"] if self.compile else [])
+        if clash:
+            raise ValueError(
+                f"backend: {self.backend} does not combine with {', '.join(clash)} (torch "
+                "options); choose its precision with --precision"
+            )
+        if self.precision in ("int8", "bf16") and not self.calibrate:
+            what = "calibrated and checked" if self.precision == "int8" else "checked"
+            raise ValueError(
+                f"precision: {self.precision} is {what} on your own scenes, never on random "
+                "data: give --calibrate SCENE.tif (a few dozen patches of it are used)"
             )
         return self
 

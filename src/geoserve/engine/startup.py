@@ -144,8 +144,13 @@ def make_runner(loaded: LoadedModel, cfg: EngineConfig) -> ModelRunner:
     """The runner of ``loaded``'s module.
 
     Compiled when ``cfg.compile``: batches padded to one size, one graph (see
-    :meth:`ModelRunner.start_up`).
+    :meth:`ModelRunner.start_up`). ``backend: openvino``: an
+    :class:`~geoserve.engine.openvino_backend.OpenVinoRunner`, its model converted now.
     """
+    if cfg.backend == "openvino":
+        from geoserve.engine.openvino_backend import openvino_runner
+
+        return openvino_runner(loaded, cfg)
     auto_batch = cfg.max_batch_patches == "auto"
     module = loaded.module
     if cfg.compile:
