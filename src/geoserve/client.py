@@ -86,7 +86,7 @@ class Client:
         self.url = f"{parts.scheme}://{parts.netloc}{parts.path.rstrip('/')}"
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._http = httpx.Client(timeout=timeout, headers=headers, follow_redirects=False)
-        self._model: dict[str, Any] | None = None
+        self._models: list[dict[str, Any]] | None = None
 
     def close(self) -> None:
         """Close the connections."""
@@ -138,21 +138,43 @@ class Client:
     def _job_path(self, job_id: str) -> str:
         return f"/v1/jobs/{checked_job_id(job_id, self.url)}"
 
-    # -- the served model ----------------------------------------------------------------------
+    # -- the served models ---------------------------------------------------------------------
 
-    def model(self) -> dict[str, Any]:
-        """The served model as ``GET /v1/models`` describes it (``id``, ``input``, ``output``)."""
-        if self._model is None:
+    def models(self) -> list[dict[str, Any]]:
+        """Every served model as ``GET /v1/models`` describes it (``id``, ``input``, ...)."""
+        if self._models is None:
             data = self._json("GET", "/v1/models").get("data")
-            if not isinstance(data, list) or not data or not isinstance(data[0], dict):
+            if not isinstance(data, list) or not data:
                 raise UntrustedAnswerError(f"GET {self.url}/v1/models: no model listed")
-            entry = data[0]
-            if not isinstance(entry.get("id"), str):
-                raise UntrustedAnswerError(f"GET {self.url}/v1/models: the model has no name")
-            if not entry.get("ready"):
-                return entry  # (asked again next time)
-            self._model = entry
-        return self._model
+            for entry in data:
+                if not isinstance(entry, dict) or not isinstance(entry.get("id"), str):
+                    raise UntrustedAnswerError(f"GET {self.url}/v1/models: a model has no name")
+            if not all(entry.get("ready") for entry in data):
+                return data  # (asked again next time)
+            self._models = data
+        return self._models
+
+    def model(self, name: str | None = None) -> dict[str, Any]:
+        """The served model ``name`` as ``GET /v1/models`` describes it.
+
+        Its ``id``, ``input``, ``output`` and ``runtime``; ``None``: the one the server serves.
+
+        Raises:
+            ConfigError: ``name`` is not served there, or ``None`` and several are.
+        """
+        models = self.models()
+        ids = [entry["id"] for entry in models]
+        if name is None:
+            if len(models) > 1:
+                raise ConfigError(
+                    f"the server at {self.url} serves {len(ids)} models "
+                    f"({', '.join(ids)}); name one (--model NAME, or model=NAME)"
+                )
+            return models[0]
+        if name not in ids:
+            served = f"model {ids[0]!r}" if len(ids) == 1 else f"models {', '.join(ids)}"
+            raise ConfigError(f"the server at {self.url} serves {served}, not {name!r}")
+        return models[ids.index(name)]
 
     # -- jobs -------------------------------------------------------------------------------
 
@@ -176,24 +198,24 @@ class Client:
         ``inputs``: one scene, a list (the dates of one place) or a dict of modality name to a
         scene or its dates. Each is a local file (uploaded), bytes (uploaded), an
         ``http(s)://`` URL, or with ``server_paths`` a path on the server; one job's inputs
-        are all of one of these. ``model``: checked against the model the server serves (it
-        serves one). ``output_kind``, ``bands``, ``dates``, ``priority`` and ``seed`` (of a
-        generative model's random draws; None: the server's default, 0), ``temperature``,
-        ``top_p`` and ``top_k`` (a generative model's sampling; None: the server's) mean what
-        they mean for ``Engine.generate_image`` and ``POST /v1/images``.
+        are all of one of these. ``model``: the served model to run it, checked against those
+        the server serves (needed when it serves several). ``output_kind``, ``bands``,
+        ``dates``, ``priority`` and ``seed`` (of a generative model's random draws; None: the
+        server's default, 0), ``temperature``, ``top_p`` and ``top_k`` (a generative model's
+        sampling; None: the server's) mean what they mean for ``Engine.generate_image`` and
+        ``POST /v1/images``.
 
         Raises:
-            ConfigError: another model than the server's, or a seed that is not an integer
+            ConfigError: a model the server does not serve, or a seed that is not an integer
                 from 0 to 2**63 - 1 (naming ``seed``); InputError: inputs of mixed
                 kinds, or dates with uploaded modalities; RasterReadError: a local file that
                 does not exist; ServerError: the server refused the job (its message).
         """
+        sent = None
         if model is not None:
-            served = self.model()["id"]
-            if model != served:
-                raise ConfigError(
-                    f"the server at {self.url} serves model {served!r}, not {model!r}"
-                )
+            self.model(model)  # (refused here, before any upload, if it is not served)
+            # a one-model server runs it without the name (as servers before several did)
+            sent = model if len(self.models()) > 1 else None
         options: dict[str, Any] = {}
         if seed is not None:
             if not is_seed(seed):
@@ -207,7 +229,7 @@ class Client:
             options["output_kind"] = output_kind
         elif output_kind is not None:
             options["output_kinds"] = list(output_kind)
-        with job_request(inputs, options, dates, priority, server_paths) as body:
+        with job_request(inputs, options, dates, priority, server_paths, sent) as body:
             answer = self._json("POST", "/v1/jobs", **body)
         return checked_job_id(answer.get("jobID"), f"POST {self.url}/v1/jobs")
 

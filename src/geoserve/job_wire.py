@@ -274,8 +274,11 @@ def job_request(
     dates: Any,
     priority: int,
     server_paths: bool,
+    model: str | None = None,
 ) -> Iterator[dict[str, Any]]:
     """The keyword arguments of httpx's ``POST /v1/jobs`` for ``inputs`` (files kept open).
+
+    ``model``: the served model to run it (sent only when given).
 
     Raises:
         InputError: inputs of mixed kinds (URLs and files), none, a local STAC Item, or dates
@@ -285,6 +288,8 @@ def job_request(
     if kind != "upload":
         body: dict[str, Any] = {"data": _texts(inputs), "data_format": kind, "options": options}
         body["priority"] = priority
+        if model is not None:
+            body["model"] = model
         if dates is not None:
             body["dates"] = _dates(dates)
         yield {"json": body}
@@ -295,6 +300,8 @@ def job_request(
             "name; give URLs or server paths to send dates with modalities"
         )
     form: dict[str, str] = {"options": json.dumps(options), "priority": str(priority)}
+    if model is not None:
+        form["model"] = model
     if dates is not None:
         given = _dates(dates)
         if None in given:

@@ -12,11 +12,16 @@ import json
 import shutil
 from typing import Any
 
-from geoserve.errors import GeoServeError
+from geoserve.errors import ConfigError, GeoServeError
 
 
 def cmd_models(args: argparse.Namespace) -> int:
-    """``geoserve models``: the registered models, as a table or JSON."""
+    """``geoserve models``: the registered models, as a table or JSON.
+
+    ``--server URL``: the models that server serves, as its ``GET /v1/models`` lists them.
+    """
+    if getattr(args, "server", None):
+        return _server_models(args)
     from geoserve.catalog import footer_lines, format_table, model_entries
     from geoserve.cli.configured import register_configured_models
 
@@ -28,6 +33,47 @@ def cmd_models(args: argparse.Namespace) -> int:
         width = shutil.get_terminal_size((100, 24)).columns
         print("\n".join([*format_table(entries, width), *footer_lines(entries, width)]))
     return 0
+
+
+def _server_models(args: argparse.Namespace) -> int:
+    """``geoserve models --server URL``: one line per served model (``--json``: the entries)."""
+    import os
+
+    from geoserve.client import Client
+
+    flags = (("--register", args.register), ("--models-dir", args.models_dir))
+    local = [name for name, on in flags if on]
+    if local:
+        raise ConfigError(f"{', '.join(local)}: not with --server (it lists the server's models)")
+    key = args.api_key or os.environ.get("GEOSERVE_API_KEY") or None
+    with Client(args.server, key) as client:
+        entries = client.models()
+    if args.json:
+        print(json.dumps(entries, indent=2))
+        return 0
+    for entry in entries:  # (the server's text, shown printable only)
+        output: dict[str, Any] = _mapping(entry.get("output"))
+        kinds = output.get("kinds") if isinstance(output.get("kinds"), list) else []
+        inp: dict[str, Any] = _mapping(entry.get("input"))
+        bands = inp.get("bands") if isinstance(inp.get("bands"), list) else None
+        parts = [_shown(entry["id"]), "ready" if entry.get("ready") else "loading"]
+        if kinds:
+            parts.append("output " + ", ".join(_shown(k) for k in kinds))
+        if bands:
+            parts.append(f"{len(bands)} bands")
+        if isinstance(inp.get("patch_size"), int):
+            parts.append(f"patch {inp['patch_size']}")
+        print("  ".join(parts))
+    return 0
+
+
+def _mapping(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _shown(value: Any) -> str:
+    """A server's text as printed: printable characters only, at most 100."""
+    return "".join(c for c in str(value) if c.isprintable())[:100]
 
 
 def cmd_info(args: argparse.Namespace, parser: argparse.ArgumentParser | None = None) -> int:

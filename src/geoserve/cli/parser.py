@@ -40,14 +40,24 @@ def _seed(text: str) -> int:
     return value
 
 
+class _ModelName(argparse.Action):
+    """``--model NAME``: the last one given is ``model``; every one, in order, ``model_list``."""
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option: Any = None) -> None:
+        namespace.model = values
+        namespace.model_list = [*(getattr(namespace, "model_list", None) or []), values]
+
+
 def _model_options() -> argparse.ArgumentParser:
     """Options shared by ``predict`` and ``serve``: the model, ``--config``, every engine knob."""
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
         "-m",
         "--model",
+        action=_ModelName,
         default=argparse.SUPPRESS,
-        help=f"registered model name (default: {DEFAULT_MODEL}; see `geoserve models`)",
+        help=f"registered model name (default: {DEFAULT_MODEL}; see `geoserve models`); "
+        "serve: repeat it to serve several models side by side (docs/serving.md)",
     )
     common.add_argument(
         "--config",
@@ -269,8 +279,16 @@ def build_parser() -> argparse.ArgumentParser:
     add_configured_flags(b, config_file=True)
     _debug(b)
 
-    m = sub.add_parser("models", help="list registered models")
+    m = sub.add_parser("models", help="list registered models (or a server's: --server URL)")
     m.add_argument("--json", action="store_true", help="every detail, as JSON (for scripts)")
+    m.add_argument(
+        "--server", metavar="URL", help="list the models this geoserve server serves instead"
+    )
+    m.add_argument(
+        "--api-key",
+        metavar="KEY",
+        help="the server's API key (default: the GEOSERVE_API_KEY environment variable)",
+    )
     add_configured_flags(m)
     _debug(m)
     return parser

@@ -10,11 +10,11 @@ is the local one, over the patches the server reports; each job's outputs are do
 hrefs and inputs made the local run's (files beside the Item, inputs as given on the command
 line).
 
-The model is the server's (``--model``, if given, must name it), and so are its engine
-options: the flags that only set up a local engine (``--device``, ``--dtype``,
-``--batch-size``, ``--compile``, ...; ``--ray``, ``--quicklook``, ``--config-file``) are refused
-with ``--server``, on the command line and in a ``--config`` file alike. Ctrl-C dismisses the
-jobs not yet finished.
+The model is the server's (``--model``, if given, must name one it serves; a server of
+several models needs it), and so are its engine options: the flags that only set up a local
+engine (``--device``, ``--dtype``, ``--batch-size``, ``--compile``, ...; ``--ray``,
+``--quicklook``, ``--config-file``) are refused with ``--server``, on the command line and in a
+``--config`` file alike. Ctrl-C dismisses the jobs not yet finished.
 """
 
 from __future__ import annotations
@@ -61,18 +61,26 @@ def predict_remote(
     from geoserve.client import Client
 
     with Client(args.server, key) as client:
-        entry = client.model()
+        models = client.models()
+        ids = [m["id"] for m in models]
+        if wanted and wanted not in ids:
+            listed = ", ".join(map(repr, ids))
+            raise ConfigError(f"--model {wanted}: the server at {client.url} serves {listed}")
+        if not wanted and len(ids) > 1:
+            raise ConfigError(
+                f"the server at {client.url} serves {len(ids)} models ({', '.join(ids)}); "
+                "choose one with --model NAME"
+            )
+        entry = models[ids.index(wanted)] if wanted else models[0]
         served = entry["id"]
         if not entry.get("ready"):
             raise ServerError(f"{client.url}: model {served!r} is still loading; try again soon")
-        if wanted and wanted != served:
-            raise ConfigError(f"--model {wanted}: the server at {client.url} serves {served!r}")
         output = entry.get("output")
         offered = output.get("kinds") if isinstance(output, dict) else None
         kinds = list(config.output_kind or (offered if isinstance(offered, list) else []))
         if not kinds or not all(isinstance(k, str) for k in kinds):
             raise ServerError(f"{client.url}/v1/models: the model's output kinds are not given")
-        return _RemoteRun(client, args, config, request, kinds).run()
+        return _RemoteRun(client, args, config, request, kinds, served).run()
 
 
 def _refuse_local_options(args: argparse.Namespace, from_file: dict[str, Any]) -> None:
@@ -110,8 +118,10 @@ class _RemoteRun:
         config: EngineConfig,
         request: dict[str, Any] | None,
         kinds: list[str],
+        model: str,
     ) -> None:
         self.client, self.args, self.config, self.kinds = client, args, config, kinds
+        self.model = model
         self.items: list[Any] = [list(args.inputs)] if args.time_series else list(args.inputs)
         if request is not None:
             self.items = [request]
@@ -183,6 +193,7 @@ class _RemoteRun:
             return str(
                 self.client.submit(
                     item,
+                    model=self.model,
                     output_kind=self.config.output_kind,
                     bands=self.config.bands,
                     dates=when,

@@ -4,12 +4,22 @@ from __future__ import annotations
 
 import argparse
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
 from geoserve.cli.configured import chosen_model, planned_models, register_configured_models
-from geoserve.cli.options import engine_config, flag_error, given, known_keys, read_options
+from geoserve.cli.options import (
+    _file_path,
+    _is_path,
+    engine_config,
+    flag_error,
+    given,
+    known_keys,
+    read_options,
+)
 from geoserve.cli.parser import DEFAULT_MODEL
 from geoserve.config import EngineConfig, config_error
 from geoserve.errors import ConfigError, PluginLoadError
@@ -28,7 +38,8 @@ def server_settings(args: argparse.Namespace) -> ServerSettings:
     """
     from geoserve.server.settings import ServerFields, ServerSettings
 
-    from_file = read_options(args.config, known_keys(EngineConfig, ServerFields))
+    known = {**known_keys(EngineConfig, ServerFields), "models": None}
+    from_file = read_options(args.config, known)
     engine = engine_config(args, from_file)
     server_file = {k: v for k, v in from_file.items() if k in ServerFields.model_fields}
     try:
@@ -52,14 +63,70 @@ def server_settings(args: argparse.Namespace) -> ServerSettings:
         except OSError as exc:
             why = exc.strerror or str(exc)
             raise ConfigError(f"output_dir: {out}: cannot create the directory ({why})") from None
+    models = served_models(args, from_file, engine)
     named = getattr(args, "model", None) or from_file.get("model")
+    if len(models) > 1 or (models and not getattr(args, "model", None)):
+        flags = getattr(args, "model_list", None)  # (several: the first is the model)
+        named = flags[0] if flags else from_file.get("model") or models[0].name
     planned = planned_models(args, models_dir=fields.models_dir, model=named)
     model = chosen_model(named, [m.name for m in planned], DEFAULT_MODEL)
-    settings = ServerSettings.model_validate(
-        {**fields.model_dump(exclude_unset=True), "model": model, "engine": engine}
-    )
+    try:
+        settings = ServerSettings.model_validate(
+            {
+                **fields.model_dump(exclude_unset=True),
+                "model": model,
+                "engine": engine,
+                "models": models,
+            }
+        )
+    except ValidationError as exc:  # (a check across the models: names twice, model not one)
+        raise ConfigError(str(exc.errors()[0]["msg"]).removeprefix("Value error, ")) from None
     settings.check_weights_source()
     return settings
+
+
+def served_models(
+    args: argparse.Namespace, from_file: Mapping[str, Any], engine: EngineConfig
+) -> list[Any]:
+    """The models to serve side by side (``ServedModel``s); empty: one model, as always.
+
+    ``--model`` given more than once names them; else the ``--config`` file's ``models:``
+    list. A name the file's list has keeps its engine options there, each over the top-level
+    ones (``engine``). ``--model`` given once serves that model alone (with its options from the
+    file's list, if it is there).
+
+    Raises:
+        ConfigError: naming the file, the entry and the option at fault.
+    """
+    from geoserve.server.settings import ServedModel, served_model
+
+    source = str(args.config)
+    listed = from_file.get("models")
+    if listed is not None and not isinstance(listed, list):
+        raise ConfigError(f"{source}: models: a list of model names or of name and engine options")
+    entries = [_relative_paths(e, source) for e in listed or []]
+    by_name = {e.get("name") if isinstance(e, Mapping) else e: e for e in entries}
+    names = list(dict.fromkeys(getattr(args, "model_list", None) or []))
+    where = {id(e): f"{source}: models[{i}]" for i, e in enumerate(entries)}
+    if names:
+        if len(names) == 1 and names[0] not in by_name:
+            return []
+        entries = [by_name.get(n, n) for n in names]
+    base = engine.model_dump(exclude_unset=True)
+    return [ServedModel(**served_model(e, base, where.get(id(e), f"--model {e}"))) for e in entries]
+
+
+def _relative_paths(entry: Any, source: str) -> Any:
+    """A ``models`` entry's paths (``weights``) taken relative to the config file, as at the top."""
+    if not isinstance(entry, Mapping):
+        return entry
+    base = Path(source).parent.absolute()
+    out = dict(entry)
+    for key, value in entry.items():
+        field = EngineConfig.model_fields.get(key)
+        if field is not None and _is_path(field.annotation) and isinstance(value, str):
+            out[key] = _file_path(base, value, source, f"models: {key}")
+    return out
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

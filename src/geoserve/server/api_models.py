@@ -85,6 +85,8 @@ class ImagesRequest(BaseModel):
     """JSON body of ``POST /v1/images``."""
 
     model_config = ConfigDict(extra="forbid")
+    model: NonEmpty | None = None
+    """The served model to run (optional when the server serves one)."""
     data: OneOrDates | ModalityData
     """One input, the dates of one place (a list), or modalities by name (a dict)."""
     data_format: InFormat = "b64_json"

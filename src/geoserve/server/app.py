@@ -2,8 +2,10 @@
 
 Routes: ``POST /v1/images`` (multipart upload or JSON), ``POST /pooling`` (vLLM's IO-processor
 request and response shapes), ``GET /v1/models``, ``GET /health/live``, ``GET /health/ready``,
-``GET /metrics``. Every request runs through :class:`~geoserve.engine.AsyncEngine`; errors go
-through the one status table in :mod:`geoserve.server.errors` and never carry a traceback.
+``GET /metrics``. Every request runs through its model's :class:`~geoserve.engine.AsyncEngine`
+(:mod:`geoserve.server.served`: one per served model; a request names its model with
+``"model"``, optional when one is served); errors go through the one status table in
+:mod:`geoserve.server.errors` and never carry a traceback.
 """
 
 from __future__ import annotations
@@ -28,14 +30,7 @@ from geoserve.engine import Engine
 from geoserve.engine.async_engine import AsyncEngine
 from geoserve.engine.request_spec import RequestSpec
 from geoserve.engine.startup import AUTO_MAX_BATCH
-from geoserve.errors import (
-    ConfigError,
-    ForbiddenInputError,
-    GeoServeError,
-    InputError,
-    ShuttingDownError,
-    UnknownModelError,
-)
+from geoserve.errors import ForbiddenInputError, GeoServeError, InputError
 from geoserve.models.configured import models_in_dir, register_all
 from geoserve.raster import tempfiles
 from geoserve.raster.budget import OpenBudget
@@ -57,6 +52,7 @@ from geoserve.server.metrics import Metrics
 from geoserve.server.middleware import GuardMiddleware, unless_disconnected
 from geoserve.server.model_entry import model_entry
 from geoserve.server.ogc_routes import OgcRoutes
+from geoserve.server.served import ServedEngines
 from geoserve.server.settings import ServerSettings
 
 logger = logging.getLogger("geoserve.server")
@@ -79,60 +75,49 @@ def _error_response(exc: GeoServeError, settings: ServerSettings) -> JSONRespons
 
 
 class _Service:
-    """Holds the app's settings, engine and metrics; its methods are the routes."""
+    """Holds the app's settings, engines and metrics; its methods are the routes."""
 
     def __init__(self, settings: ServerSettings, engine: Engine | None) -> None:
         self.settings = settings
-        batch = settings.engine.max_batch_patches
-        self.metrics = Metrics(batch if isinstance(batch, int) else AUTO_MAX_BATCH)
+        batches = {
+            m.name: b if isinstance(b := m.engine.max_batch_patches, int) else AUTO_MAX_BATCH
+            for m in settings.served
+        }
+        self.metrics = Metrics(batches, settings.model_names)
         self.state: dict[str, Any] = {"engine": None, "draining": False, "load_error": None}
-        self._given_engine = engine
+        self.served = ServedEngines(settings, self.metrics, self.state, engine)
+        self.jobs: JobService | None = None
 
     # -- lifecycle -----------------------------------------------------------------------------
 
     def load(self) -> None:
-        """Build the engine (in a thread, so health answers while the model loads)."""
+        """Build the engines (in a thread, so health answers while the models load)."""
         s = self.settings
         if s.output_dir is not None:  # what a killed earlier server left half-written
             tempfiles.sweep(s.output_dir)
         try:
             if s.models_dir is not None:  # (each Ray Serve replica registers its own)
                 register_all(models_in_dir(s.models_dir))
-            eng = self._given_engine or Engine(s.model, s.engine)
-            async_engine = AsyncEngine(
-                eng,
-                max_queued_patches=s.max_queued_patches,
-                max_pixels=s.max_pixels,
-                max_memory_mb=s.max_memory_mb,
-                max_wait_ms=s.max_wait_ms,
-                on_batch=self.metrics.observe_batch,
-                admission_threads=s.admission_threads,
-            )
-            self.metrics.bind(
-                lambda: async_engine.remaining_patches,
-                lambda: async_engine.in_flight,
-                steps=eng.step_stats,
-            )
-            self.state["engine"] = async_engine
-            logger.info("model %s ready", s.model)
         except Exception as exc:  # reported by /health/ready and every request
-            logger.exception("model %s failed to load", s.model)
+            logger.exception("models of %s failed to register", s.models_dir)
             self.state["load_error"] = exc
+            self.served.errors.update(dict.fromkeys(s.model_names, exc))
+            return
+        self.served.load()
 
-    def ready_engine(self) -> AsyncEngine:
-        """The engine, or the reason there is none yet."""
-        if self.state["load_error"] is not None:
-            raise ConfigError(
-                f"model {self.settings.model!r} failed to load: {self.state['load_error']}"
-            )
-        eng = self.state["engine"]
-        if eng is None:
-            raise ShuttingDownError(f"model {self.settings.model!r} is still loading")
-        return eng  # type: ignore[no-any-return]
+    def ready_engine(self, model: str | None = None) -> AsyncEngine:
+        """The engine of the model a request names (``None``: the one served), or why none."""
+        return self.served.ready(model)
+
+    def label(self, model: str) -> str | None:
+        """``model`` as the metrics name it (``None`` on a one-model server: no label)."""
+        return model if self.metrics.by_model else None
 
     # -- shared request path -------------------------------------------------------------------
 
-    def output_path(self, rid: str, out_format: str, kinds: Sequence[str]) -> Path | None:
+    def output_path(
+        self, rid: str, out_format: str, kinds: Sequence[str], model: str | None = None
+    ) -> Path | None:
         """Where a ``path`` output goes: always under --output-dir, named by the server.
 
         One kind: ``<rid>.tif`` (polygons: ``<rid>.gpkg``, or --polygon-format's suffix);
@@ -146,11 +131,11 @@ class _Service:
             )
         if len(kinds) > 1:
             return self.settings.output_dir / rid
-        fmt = self.settings.engine.polygon_format
+        fmt = self.settings.engine_of(model or self.settings.model).polygon_format
         return self.settings.output_dir / f"{rid}{kind_suffix(kinds[0], fmt)}"
 
     async def run(
-        self, request: Request, spec: RequestSpec, out_data_format: str
+        self, request: Request, spec: RequestSpec, out_data_format: str, model: str
     ) -> tuple[str, ImageRequestOutput]:
         """Fetch the inputs, run the request and wait for it, unless the client leaves first.
 
@@ -158,9 +143,9 @@ class _Service:
         vetted); it is checked against the model before anything is fetched, and the server
         gives it its id, output format and path. The request's deadline
         (``request_timeout_s``) covers downloading its inputs as well as the engine's work; a
-        client that disconnects cancels both.
+        client that disconnects cancels both. ``model``: the served model that runs it.
         """
-        eng = self.ready_engine()
+        eng = self.ready_engine(model)
         client_id = request.headers.get("x-request-id")
         if client_id is not None and not _REQUEST_ID.fullmatch(client_id):
             raise InputError("X-Request-Id may hold only letters, digits, '-' and '_' (<= 128)")
@@ -179,32 +164,38 @@ class _Service:
                 f"{'several output kinds' if len(kinds) > 1 else 'polygons'} ask for "
                 "'b64_json' or 'path'"
             )
-        path = self.output_path(rid, out_format, kinds)
+        path = self.output_path(rid, out_format, kinds, model)
         t0 = time.perf_counter()
         deadline = time.monotonic() + self.settings.request_timeout_s
         budget = open_budget(self.settings, deadline)
 
         spec = RequestSpec.of(spec, output_path=path)
-        job = self.gather_submit(spec, deadline, budget, request.scope.get("geoserve.held"))
+        held = request.scope.get("geoserve.held")
+        job = self.gather_submit(spec, deadline, budget, eng, held)
         try:
             result = await unless_disconnected(request, job)
         finally:  # (done, timed out or its client left: nothing more reaches a host for it)
             budget.cancel()
-        self.metrics.latency.labels(endpoint=request.url.path).observe(time.perf_counter() - t0)
+        label = self.label(model)
+        self.metrics.observe_latency(request.url.path, time.perf_counter() - t0, label)
         if result.error is not None:
             raise result.error
-        self.metrics.observe_stages(result.timings)
-        self.metrics.observe_outputs(result)
+        self.metrics.observe_stages(result.timings, label)
+        self.metrics.observe_outputs(result, label)
         return rid, result
 
     async def gather_submit(
-        self, spec: RequestSpec, deadline: float, budget: OpenBudget, held: str | None = None
+        self,
+        spec: RequestSpec,
+        deadline: float,
+        budget: OpenBudget,
+        eng: AsyncEngine,
+        held: str | None = None,
     ) -> ImageRequestOutput:
-        """Vet and fetch ``spec``'s inputs (the trust rules), then run it in the engine.
+        """Vet and fetch ``spec``'s inputs (the trust rules), then run it in ``eng``.
 
         Inputs already read by the server (``data_format`` ``bytes``: uploads) go as they are.
         """
-        eng = self.ready_engine()
         if spec.data_format != "bytes":
             items = cast(Items, spec.inputs)
             inputs, fmt = await gather(self.settings, items, spec.data_format, deadline, budget)
@@ -221,21 +212,32 @@ class _Service:
         """A job's request (:class:`~geoserve.jobs.runner.JobRunner`), outputs in ``directory``.
 
         The same checks and trust rules as ``/v1/images``; its deadline is
-        ``request_timeout_s`` from when it starts running.
+        ``request_timeout_s`` from when it starts running. Its model is its process's (the
+        job's ``process_id`` in the store, the model it was submitted to).
         """
-        eng = self.ready_engine()
+        model = await self.job_model(spec.request_id)
+        eng = self.ready_engine(model)
         spec = RequestSpec.of(spec, out_format="path").check(eng.engine, upfront=True)
         kinds = spec.output_kind or [getattr(p, "kind", "raw") for p in eng.engine.out_procs]
-        fmt = self.settings.engine.polygon_format
+        fmt = self.settings.engine_of(model).polygon_format
         path = directory / ("out" if len(kinds) > 1 else f"out{kind_suffix(kinds[0], fmt)}")
         deadline = time.monotonic() + self.settings.request_timeout_s
         budget = open_budget(self.settings, deadline)
         try:
             return await self.gather_submit(
-                RequestSpec.of(spec, output_path=path), deadline, budget
+                RequestSpec.of(spec, output_path=path), deadline, budget, eng
             )
         finally:
             budget.cancel()
+
+    async def job_model(self, job_id: str | None) -> str:
+        """The model a job was submitted to (one model served: that one)."""
+        if not self.served.several or self.jobs is None or job_id is None:
+            return self.settings.model
+        store = self.jobs.current()
+        assert store is not None  # (a job runs only from the store)
+        job = await asyncio.to_thread(store.get, job_id)
+        return self.served.pick(job.process_id)
 
     # -- routes ----------------------------------------------------------------------------
 
@@ -251,6 +253,7 @@ class _Service:
                 ImagesRequest, await request.body(), request.headers.get("content-type", "")
             )
             items, data_format, dates = body.data, body.data_format, body.dates
+        model = self.served.pick(body.model)
         spec = RequestSpec(
             items,
             data_format=_IN_FORMATS[data_format],
@@ -263,7 +266,7 @@ class _Service:
             top_k=body.options.top_k,
             dates=dates,
         )
-        rid, result = await self.run(request, spec, body.out_data_format)
+        rid, result = await self.run(request, spec, body.out_data_format, model)
         out = result.outputs
         assert out is not None
         timings = {k: round(v, 4) for k, v in vars(result.timings).items()}
@@ -274,7 +277,7 @@ class _Service:
         head = {
             "request_id": rid,
             "created_at": int(time.time()),
-            "model": self.settings.model,
+            "model": model,
             "data_format": body.out_data_format,
         }
         tail = {"num_patches": result.num_patches, "timings": timings}
@@ -291,10 +294,9 @@ class _Service:
         body = await parse_json(
             PoolingRequest, await request.body(), request.headers.get("content-type", "")
         )
-        if body.model is not None and body.model != self.settings.model:
-            raise UnknownModelError(body.model, [self.settings.model])
+        model = self.served.pick(body.model)
         bands = list(body.data.indices) if body.data.indices is not None else None
-        engine = self.ready_engine().engine
+        engine = self.ready_engine(model).engine
         raster: list[str] = [p.kind for p in engine.out_procs if p.kind not in NOT_A_GEOTIFF]
         raster = raster or [k for k in engine.kinds_offered() if k not in NOT_A_GEOTIFF]
         spec = RequestSpec(
@@ -304,7 +306,7 @@ class _Service:
             output_kind=raster[:1],  # vLLM's clients take one GeoTIFF on the input's grid
             priority=body.priority,
         )
-        rid, result = await self.run(request, spec, body.data.out_data_format)
+        rid, result = await self.run(request, spec, body.data.out_data_format, model)
         out = result.outputs
         assert out is not None
         payload = out.b64 if body.data.out_data_format == "b64_json" else str(out.path)
@@ -321,29 +323,34 @@ class _Service:
         )
 
     async def models(self) -> dict[str, Any]:
-        """GET /v1/models: the served model and its processors."""
-        return {"object": "list", "data": [model_entry(self.settings.model, self.state["engine"])]}
+        """GET /v1/models: every served model and its processors, in order."""
+        engines = self.served.engines
+        data = [model_entry(name, engines.get(name)) for name in self.served.names]
+        return {"object": "list", "data": data}
 
-    def crashed(self) -> BaseException | None:
-        """Why the engine loop stopped, if it did (never expected: every request fails alone)."""
-        eng = self.state["engine"]
-        return eng.crashed if eng is not None else None
+    def _stopped(self) -> str | None:
+        """Which engine loop stopped, if one did (never expected: every request fails alone)."""
+        crashed = self.served.crashed()
+        if crashed is None:
+            return None
+        several = self.served.several
+        return f"engine loop of model {crashed[0]!r} stopped" if several else "engine loop stopped"
 
     async def live(self) -> Response:
-        """GET /health/live: the process answers and its engine loop runs."""
-        if self.crashed() is not None:
-            return JSONResponse({"status": "failed", "message": "engine loop stopped"}, 503)
+        """GET /health/live: the process answers and its engine loops run."""
+        if (stopped := self._stopped()) is not None:
+            return JSONResponse({"status": "failed", "message": stopped}, 503)
         return JSONResponse({"status": "ok"})
 
     async def ready(self) -> Response:
-        """GET /health/ready: 200 once the model is loaded; 503 while loading or draining."""
-        if self.crashed() is not None:
-            return JSONResponse({"status": "failed", "message": "engine loop stopped"}, 503)
+        """GET /health/ready: 200 once every model is loaded; 503 while loading or draining."""
+        if (stopped := self._stopped()) is not None:
+            return JSONResponse({"status": "failed", "message": stopped}, 503)
         if self.state["draining"]:
             return JSONResponse({"status": "draining"}, 503)
         if self.state["load_error"] is not None:
             return JSONResponse({"status": "failed", "message": str(self.state["load_error"])}, 503)
-        if self.state["engine"] is None:
+        if self.state["engine"] is None or len(self.served.engines) < len(self.served.names):
             return JSONResponse({"status": "loading"}, 503)
         return JSONResponse({"status": "ready"})
 
@@ -382,7 +389,8 @@ def create_app(settings: ServerSettings, *, engine: Engine | None = None) -> Fas
         settings.check_weights_source()
     svc = _Service(settings, engine)
 
-    jobs = JobService(settings, svc.ready_engine, svc.run_job)
+    jobs = JobService(settings, svc.served, svc.run_job)
+    svc.jobs = jobs
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -392,8 +400,7 @@ def create_app(settings: ServerSettings, *, engine: Engine | None = None) -> Fas
         yield
         starting.cancel()
         await jobs.close()
-        if svc.state["engine"] is not None:
-            await asyncio.to_thread(svc.state["engine"].close)
+        await asyncio.to_thread(svc.served.close)
 
     app = FastAPI(title="geoserve", version="0.1.0", lifespan=lifespan)
     app.state.geoserve = svc.state
@@ -416,7 +423,7 @@ def create_app(settings: ServerSettings, *, engine: Engine | None = None) -> Fas
     app.add_api_route("/health/live", svc.live, methods=["GET"], response_model=None)
     app.add_api_route("/health/ready", svc.ready, methods=["GET"], response_model=None)
     app.add_api_route("/metrics", svc.metrics_route, methods=["GET"], response_model=None)
-    JobRoutes(settings, jobs.current, svc.ready_engine).register(app)
-    OgcRoutes(settings, jobs.current, svc.ready_engine).register(app)
-    MapRoutes(settings, svc.ready_engine, svc.metrics).register(app)  # tiles, scenes, page
+    JobRoutes(settings, jobs.current, svc.served).register(app)
+    OgcRoutes(settings, jobs.current, svc.served).register(app)
+    MapRoutes(settings, svc.served, svc.metrics).register(app)  # tiles, scenes, page
     return app

@@ -45,7 +45,7 @@ from geoserve.server.settings import ServerSettings
 _MODALITY = re.compile(MODALITY_PATTERN)
 
 #: Multipart text fields; any other part is an input.
-FORM_FIELDS = frozenset({"out_data_format", "options", "priority", "dates"})
+FORM_FIELDS = frozenset({"out_data_format", "options", "priority", "dates", "model"})
 
 #: One request's inputs: a list (dates) or a dict of modality name to its list of dates.
 Items = list[Any] | dict[str, list[Any]]
@@ -240,6 +240,7 @@ async def parse_multipart(request: Request) -> tuple[ImagesRequest, Items]:
             "options": form_json(form.get("options")),
             "priority": form.get("priority") or 0,
             "dates": dates,
+            "model": form.get("model") or None,
         },
     )
     return body, (modal if modal else list(plain))

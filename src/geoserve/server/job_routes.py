@@ -1,6 +1,7 @@
 """Asynchronous jobs over HTTP: ``/v1/jobs`` (the job store's jobs, run by ``JobRunner``).
 
-``POST /v1/jobs`` takes the JSON body of ``POST /v1/images`` and answers 201 with the job's
+``POST /v1/jobs`` takes the JSON body of ``POST /v1/images`` (its ``model``, one of the served
+models, optional when the server serves one, is the job's process) and answers 201 with the job's
 status and ``Location: /v1/jobs/{jobId}``. ``GET /v1/jobs`` lists jobs (``status``, ``limit``,
 ``offset``), ``GET /v1/jobs/{jobId}`` is a job's status (OGC API - Processes' ``statusInfo``:
 ``jobID``, ``type: process``, ``status``, times, ``progress`` 0-100, ``message``),
@@ -38,7 +39,6 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, Response
 
-from geoserve.engine.async_engine import AsyncEngine
 from geoserve.engine.request_spec import RequestSpec
 from geoserve.errors import (
     ForbiddenInputError,
@@ -58,6 +58,7 @@ from geoserve.server.api_models import ImagesRequest, parse_json, validation_mes
 from geoserve.server.errors import ogc_exception
 from geoserve.server.gather import parse_multipart
 from geoserve.server.inputs import check_url, resolve_input_path
+from geoserve.server.served import ServedEngines
 from geoserve.server.settings import ServerSettings
 
 _IN_FORMATS: dict[str, DataFormat] = {"b64_json": "b64", "path": "path", "url": "url"}
@@ -130,13 +131,13 @@ class JobRoutes:
         self,
         settings: ServerSettings,
         store: Callable[[], JobStore | None],
-        ready_engine: Callable[[], AsyncEngine],
+        served: ServedEngines,
         prefix: str = "/v1/jobs",
     ) -> None:
         self.settings = settings
         self.prefix = prefix
         self._store = store
-        self._ready_engine = ready_engine
+        self.served = served
 
     def store(self) -> JobStore:
         """The job store, or why there is none."""
@@ -201,6 +202,7 @@ class JobRoutes:
                 ImagesRequest, await request.body(), request.headers.get("content-type", "")
             )
             items, data_format = body.data, _IN_FORMATS[body.data_format]
+        model = self.served.pick(body.model)
         spec = RequestSpec(
             items,
             data_format=data_format,
@@ -213,17 +215,21 @@ class JobRoutes:
             top_k=body.options.top_k,
             dates=body.dates,
         )
-        job = await self.create_job(spec)
+        job = await self.create_job(spec, model=model)
         info = status_info(job, self.base(request))
         return JSONResponse(info, 201, headers={"Location": info["links"][0]["href"]})
 
-    async def create_job(self, spec: RequestSpec, inline: Iterable[str] = ()) -> Job:
-        """A new job running ``spec``, checked and vetted first (503 past ``max_jobs``).
+    async def create_job(
+        self, spec: RequestSpec, inline: Iterable[str] = (), *, model: str | None = None
+    ) -> Job:
+        """A new job of ``model`` running ``spec``, checked and vetted first (503: max_jobs).
 
-        ``inline``: the outputs its results give inline (when small enough).
+        ``inline``: the outputs its results give inline (when small enough); ``model``: a
+        served model (``None``: the one served), the job's process.
         """
         store = self.store()
-        eng = self._ready_engine()
+        model = self.served.pick(model)
+        eng = self.served.ready(model)
         spec = RequestSpec.of(spec, out_format="path").check(eng.engine, upfront=True)
         queued = await asyncio.to_thread(store.count, (ACCEPTED, RUNNING))
         if queued >= self.settings.max_jobs:
@@ -236,7 +242,7 @@ class JobRoutes:
         if inline:
             stored["job_inline"] = sorted(set(inline))
         try:
-            return await asyncio.to_thread(store.create, self.settings.model, stored)
+            return await asyncio.to_thread(store.create, model, stored)
         except BaseException:
             if staging is not None:
                 shutil.rmtree(staging, ignore_errors=True)

@@ -3,17 +3,16 @@
 Jobs need ``--output-dir``: the store is ``job_store`` (default
 ``<output_dir>/jobs.sqlite3``) and each job's outputs go under ``<output_dir>/jobs/<job id>/``.
 Without an output directory there is no store and the job routes say jobs are off. The runner
-starts once the model has loaded, so no job runs against an engine that is not there yet.
+starts once the models have loaded, so no job runs against an engine that is not there yet; a
+job runs on the engine of its process (the model it was submitted to).
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from geoserve.engine.async_engine import AsyncEngine
 from geoserve.engine.request_spec import RequestSpec
@@ -24,6 +23,9 @@ from geoserve.schemas import ImageOutput, ImageRequestOutput
 from geoserve.server.errors import ogc_exception
 from geoserve.server.settings import ServerSettings
 
+if TYPE_CHECKING:
+    from geoserve.server.served import ServedEngines
+
 logger = logging.getLogger("geoserve.server")
 
 #: The default job store, a SQLite file in the output directory.
@@ -33,11 +35,9 @@ DEFAULT_STORE = "jobs.sqlite3"
 class JobService:
     """Opens the store at start-up, runs its jobs once the engine is ready, closes both."""
 
-    def __init__(
-        self, settings: ServerSettings, ready_engine: Callable[[], AsyncEngine], execute: Execute
-    ) -> None:
+    def __init__(self, settings: ServerSettings, served: ServedEngines, execute: Execute) -> None:
         self.settings = settings
-        self._ready_engine = ready_engine
+        self.served = served
         self._execute = execute
         self.store: JobStore | None = None
         self.runner: JobRunner | None = None
@@ -83,16 +83,21 @@ class JobService:
             await asyncio.sleep(0.05)
         while self.store is None:  # (made when the first job comes)
             await asyncio.sleep(0.2)
-        eng: AsyncEngine = state["engine"]
+        served = self.served
+
+        def item(job: Job, result: ImageRequestOutput, directory: Path) -> str:
+            model = job.process_id if served.several else None  # (one: as it always was)
+            return write_job_item(served.ready(model), job, result, directory)
+
         self.runner = JobRunner(
             self.store,
             self.settings.output_dir,
             self._execute,
-            eng.progress,
+            served.progress,
             ogc_exception,
             workers=self.settings.job_workers,
             ttl_s=self.settings.job_ttl_s,
-            item=functools.partial(write_job_item, eng),
+            item=item,
         )
         await self.runner.start()
 

@@ -1,14 +1,16 @@
 """The map routes: prediction tiles, and the parts that serve uploaded scenes and the page.
 
-- ``GET /v1/tiles/{z}/{x}/{y}.png?source=S&kind=classes|confidence|input[&hide=0,2]``: a
-  WebMercator tile (256 px) of ``S``, predicted on demand (:mod:`geoserve.tiles`); ``hide``
-  names class codes drawn transparent. ``S`` is the id of an uploaded scene, a path under an
-  allowed input directory, an ``http(s)`` URL on an allowed host that answers range requests,
-  or ``output:NAME``, a GeoTIFF the server wrote under ``--output-dir`` (drawn as it is
-  stored, at any zoom); the same trust rules as ``/v1/images`` apply
+- ``GET /v1/tiles/{z}/{x}/{y}.png?source=S&kind=classes|confidence|input[&hide=0,2]
+  [&model=NAME]``: a WebMercator tile (256 px) of ``S``, predicted on demand
+  (:mod:`geoserve.tiles`) by the served model ``NAME`` (optional when one is served; each
+  model has its own tile service and patch cache, ``--tile-cache-mb`` shared out evenly);
+  ``hide`` names class codes drawn transparent. ``S`` is the id of an uploaded scene, a path
+  under an allowed input directory, an ``http(s)`` URL on an allowed host that answers range
+  requests, or ``output:NAME``, a GeoTIFF the server wrote under ``--output-dir`` (drawn as
+  it is stored, at any zoom); the same trust rules as ``/v1/images`` apply
   (:mod:`~geoserve.server.map_sources`).
 - the scenes' routes (:mod:`~geoserve.server.scene_routes`) and, with ``--ui``, the page's
-  (:mod:`~geoserve.server.map_page`), on the same tile service.
+  (:mod:`~geoserve.server.map_page`), on the first served model's tile service.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from geoserve.server.map_page import MapPage
 from geoserve.server.map_sources import MapSources
 from geoserve.server.metrics import Metrics, PatchCacheCollector
 from geoserve.server.scene_routes import SceneRoutes
+from geoserve.server.served import ServedEngines
 from geoserve.server.settings import ServerSettings
 from geoserve.tiles.mercator import check_tile
 from geoserve.tiles.service import TILE_KINDS, TileService
@@ -35,17 +38,20 @@ from geoserve.tiles.service import TILE_KINDS, TileService
 class MapRoutes:
     """The routes above, on one app; the tile service starts with the engine."""
 
-    def __init__(
-        self, settings: ServerSettings, ready_engine: Callable[[], Any], metrics: Metrics
-    ) -> None:
+    def __init__(self, settings: ServerSettings, served: ServedEngines, metrics: Metrics) -> None:
         self.settings = settings
-        self.ready_engine = ready_engine
-        self.cache = PatchCache(int(settings.tile_cache_mb * 1024 * 1024))
-        self._service: TileService | None = None
+        self.served = served
+        names = served.names
+        share = int(settings.tile_cache_mb * 1024 * 1024) // len(names)
+        self.caches = {name: PatchCache(share) for name in names}
+        self.cache = self.caches[names[0]]
+        self._services: dict[str, TileService] = {}
         self.sources = MapSources(settings)
-        self.scenes = SceneRoutes(settings, ready_engine, lambda: self.service, metrics)
+        first: Callable[[], Any] = lambda: served.ready(settings.model)  # noqa: E731
+        self.scenes = SceneRoutes(settings, first, lambda: self.service, metrics)
         self.page = MapPage(settings, lambda: self.service)
-        metrics.registry.register(PatchCacheCollector(self.cache))
+        collected = self.cache if len(names) == 1 else self.caches
+        metrics.registry.register(PatchCacheCollector(collected))
 
     def register(self, app: FastAPI) -> None:
         """Add the routes (the page's only with ``--ui``)."""
@@ -56,21 +62,33 @@ class MapRoutes:
 
     @property
     def service(self) -> TileService:
-        """The tile service on the ready engine."""
-        if self._service is None:
-            engine = self.ready_engine()
+        """The tile service on the first served model's ready engine (scenes, the page)."""
+        return self.service_of(self.settings.model)
+
+    def service_of(self, model: str | None) -> TileService:
+        """The tile service on the ready engine of the served model ``model``."""
+        name = self.served.pick(model)
+        if name not in self._services:
+            engine = self.served.ready(name)
             formats = tuple(self.settings.engine.allowed_formats)
-            self._service = TileService(
+            self._services[name] = TileService(
                 engine,
-                self.cache,
+                self.caches[name],
                 formats,
                 self.settings.request_timeout_s,
                 lambda deadline: open_budget(self.settings, deadline),
             )
-        return self._service
+        return self._services[name]
 
     async def tile(
-        self, z: int, x: int, y: int, source: str, kind: str = "classes", hide: str = ""
+        self,
+        z: int,
+        x: int,
+        y: int,
+        source: str,
+        kind: str = "classes",
+        hide: str = "",
+        model: str | None = None,
     ) -> Response:
         """GET /v1/tiles/{z}/{x}/{y}.png: one tile (transparent where the scene is not)."""
         check_tile(z, x, y)
@@ -78,7 +96,7 @@ class MapRoutes:
             raise InputError(
                 f"kind: {kind[:40]!r} is not a tile kind; choose {', '.join(TILE_KINDS)}"
             )
-        service = self.service
+        service = self.service_of(model)
         hidden = _class_codes(hide, len(service.class_names()))
         if source.startswith("output:"):
             path = self.sources.output_file(source.removeprefix("output:"))

@@ -1,6 +1,6 @@
 """OGC API - Processes (Part 1: Core 1.0) documents: landing page, conformance, the process.
 
-The served model is one process, named after it. Its description lists the inputs an
+Each served model is one process, named after it. Its description lists the inputs an
 execution takes (``image``: one scene, a list of dates, or for a multimodal model an object of
 modality name to scene; ``output_kind``, ``bands``, ``dates``; ``seed``, of a generative
 model's random draws) and the outputs it can make (one per output kind the model offers), each

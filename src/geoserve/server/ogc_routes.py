@@ -24,9 +24,8 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from geoserve.engine.async_engine import AsyncEngine
 from geoserve.engine.request_spec import RequestSpec
-from geoserve.errors import InputError, NotFoundError
+from geoserve.errors import InputError, NotFoundError, UnknownNameError
 from geoserve.jobs import SUCCESSFUL, JobStore
 from geoserve.raster.source import DataFormat
 from geoserve.seeds import SEED_RANGE, is_seed
@@ -37,6 +36,7 @@ from geoserve.server.ogc_documents import (
     process_description,
     process_summary,
 )
+from geoserve.server.served import ServedEngines
 from geoserve.server.settings import ServerSettings
 
 PREFIX = "/ogcapi"
@@ -129,12 +129,12 @@ class OgcRoutes:
         self,
         settings: ServerSettings,
         store: Callable[[], JobStore | None],
-        ready_engine: Callable[[], AsyncEngine],
+        served: ServedEngines,
     ) -> None:
         self.settings = settings
         self._store = store
-        self._ready_engine = ready_engine
-        self.jobs = JobRoutes(settings, store, ready_engine, prefix=PREFIX + "/jobs")
+        self.served = served
+        self.jobs = JobRoutes(settings, store, served, prefix=PREFIX + "/jobs")
 
     def register(self, app: FastAPI) -> None:
         """Add the routes."""
@@ -152,11 +152,16 @@ class OgcRoutes:
     def _base(request: Request) -> str:
         return str(request.base_url).rstrip("/") + PREFIX
 
-    def _check_process(self, process_id: str) -> None:
-        if process_id != self.settings.model:
+    def _check_process(self, process_id: str) -> str:
+        """The served model ``process_id`` names (each served model is one process)."""
+        try:
+            return self.served.pick(process_id)
+        except UnknownNameError:
+            names = self.served.names
+            runs = f"{names[0]!r}" if len(names) == 1 else ", ".join(map(repr, names))
             raise NotFoundError(
-                f"no such process {process_id[:80]!r}; this server runs {self.settings.model!r}"
-            )
+                f"no such process {process_id[:80]!r}; this server runs {runs}"
+            ) from None
 
     async def landing(self, request: Request) -> Response:
         """GET /ogcapi: the landing page."""
@@ -168,21 +173,21 @@ class OgcRoutes:
         return JSONResponse({"conformsTo": CONFORMANCE})
 
     async def processes(self, request: Request) -> Response:
-        """GET /ogcapi/processes: the one process, the served model."""
+        """GET /ogcapi/processes: one process per served model."""
         base = self._base(request)
-        summary = process_summary(self.settings.model, base)
+        summaries = [process_summary(name, base) for name in self.served.names]
         links = [{"href": f"{base}/processes", "rel": "self", "type": "application/json"}]
-        return JSONResponse({"processes": [summary], "links": links})
+        return JSONResponse({"processes": summaries, "links": links})
 
     async def process(self, request: Request, process_id: str) -> Response:
         """GET /ogcapi/processes/{processId}: its inputs and outputs."""
-        self._check_process(process_id)
-        eng = self._ready_engine()
-        return JSONResponse(process_description(self.settings.model, self._base(request), eng))
+        model = self._check_process(process_id)
+        eng = self.served.ready(model)
+        return JSONResponse(process_description(model, self._base(request), eng))
 
     async def execute(self, request: Request, process_id: str) -> Response:
         """POST .../execution: a job; async with ``Prefer: respond-async``, else awaited."""
-        self._check_process(process_id)
+        model = self._check_process(process_id)
         store = self.jobs.store()
         try:
             body = json.loads(await request.body())
@@ -191,8 +196,9 @@ class OgcRoutes:
         if not isinstance(body, dict):
             raise InputError("the execute request must be a JSON object")
         spec = spec_of(body.get("inputs"))
-        inline = inline_outputs(body.get("outputs"), self._ready_engine().engine.kinds_offered())
-        job = await self.jobs.create_job(spec, inline)
+        offered = self.served.ready(model).engine.kinds_offered()
+        inline = inline_outputs(body.get("outputs"), offered)
+        job = await self.jobs.create_job(spec, inline, model=model)
         info = status_info(job, self.jobs.base(request))
         location = {"Location": info["links"][0]["href"]}
         if "respond-async" in request.headers.get("prefer", ""):

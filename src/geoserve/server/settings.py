@@ -2,12 +2,14 @@
 
 :class:`ServerFields` declares what only the server has (address, limits, guards); the command
 line generates ``serve``'s flags from it as it does the engine's from
-:class:`~geoserve.config.EngineConfig`. :class:`ServerSettings` is both, plus the model name.
+:class:`~geoserve.config.EngineConfig`. :class:`ServerSettings` is both, plus the model name,
+or the models (:class:`ServedModel`: a name and its own ``EngineConfig``) when it serves several.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -128,18 +130,75 @@ class ServerFields(BaseModel):
         return value
 
 
+#: Engine options that are the server's, not a model's: one value for every served model.
+SERVER_WIDE_ENGINE_OPTIONS = ("output_dir", "allowed_formats")
+
+
+class ServedModel(BaseModel):
+    """One model a server serves: its registered name and the engine options it runs with."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(min_length=1)
+    """Registered model name."""
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+    """Its engine's options: the server's ``engine`` with this model's own over them."""
+
+
+def served_model(entry: Any, base: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """A ``models`` entry as :class:`ServedModel`'s fields.
+
+    ``entry``: a name, or a mapping of ``name`` and engine options (each an
+    :class:`~geoserve.config.EngineConfig` field) that override ``base`` (the server's engine
+    options as given) for this model. The server-wide options
+    (:data:`SERVER_WIDE_ENGINE_OPTIONS`) are refused in an entry.
+
+    Raises:
+        ConfigError: no name, an unknown or server-wide option, or an invalid value (naming
+            ``where``, the entry and the field).
+    """
+    if isinstance(entry, ServedModel):
+        return {"name": entry.name, "engine": entry.engine}
+    if isinstance(entry, str):
+        entry = {"name": entry}
+    if not isinstance(entry, Mapping):
+        raise ConfigError(f"{where}: a model name, or a mapping of name and engine options")
+    options = dict(entry)
+    name = options.pop("name", None)
+    if not isinstance(name, str) or not name.strip():
+        raise ConfigError(f"{where}: name: the registered model name is required")
+    if set(options) == {"engine"}:  # a ServedModel as model_dump() gives it: whole already
+        engine = options["engine"]
+        if not isinstance(engine, EngineConfig):
+            engine = EngineConfig.checked(dict(engine), source=f"{where} ({name})")
+        return {"name": name, "engine": engine}
+    wide = [k for k in options if k in SERVER_WIDE_ENGINE_OPTIONS]
+    if wide:
+        raise ConfigError(
+            f"{where} ({name}): {', '.join(wide)}: the server's, for every model; set it at "
+            "the top level"
+        )
+    engine = EngineConfig.checked({**base, **options}, source=f"{where} ({name})")
+    return {"name": name, "engine": engine}
+
+
 class ServerSettings(ServerFields):
     """Everything ``geoserve serve`` runs with: the model, the engine's options, the server's.
 
     Engine options may also be given at the top level (``ServerSettings(model="m",
-    max_batch_patches=32)``); they are moved into :attr:`engine`.
+    max_batch_patches=32)``); they are moved into :attr:`engine`. Several models:
+    ``ServerSettings(models=["a", {"name": "b", "max_batch_patches": 4}])``, each entry's
+    engine options over the top-level ones (:func:`served_model`).
     """
 
     model: str
-    """Registered model name to serve."""
+    """Registered model name to serve (with ``models``: the first of them, unless given)."""
     engine: EngineConfig = Field(default_factory=EngineConfig)
     """How the engine runs the model; its ``output_dir`` is where ``path`` outputs are
-    written (unset: path outputs are refused)."""
+    written (unset: path outputs are refused). With ``models``: every model's base options,
+    and the server-wide ones (``output_dir``, ``allowed_formats``)."""
+    models: list[ServedModel] = Field(default_factory=list)
+    """Every model served, each with its own engine (empty: ``model`` alone, with ``engine``)."""
 
     @model_validator(mode="before")
     @classmethod
@@ -147,14 +206,49 @@ class ServerSettings(ServerFields):
         if not isinstance(data, dict):
             return data
         top = {k: v for k, v in data.items() if k in EngineConfig.model_fields}
-        if not top:
-            return data
         rest = {k: v for k, v in data.items() if k not in top}
         engine = rest.get("engine", {})
         if isinstance(engine, EngineConfig):
             engine = engine.model_dump(exclude_unset=True)
-        rest["engine"] = {**engine, **top}
+        if top:
+            rest["engine"] = engine = {**engine, **top}
+        entries = rest.get("models")
+        if entries:
+            if not isinstance(entries, list):
+                raise ConfigError("models: a list of model names or of name and engine options")
+            rest["models"] = [
+                served_model(e, engine, f"models[{i}]") for i, e in enumerate(entries)
+            ]
+            if not rest.get("model"):
+                rest["model"] = rest["models"][0]["name"]
         return rest
+
+    @model_validator(mode="after")
+    def _one_of_the_models(self) -> ServerSettings:
+        names = [m.name for m in self.models]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ConfigError(f"models: {', '.join(twice)} listed more than once")
+        if names and self.model not in names:
+            raise ConfigError(f"model: {self.model!r} is not one of models ({', '.join(names)})")
+        return self
+
+    @property
+    def served(self) -> list[ServedModel]:
+        """Every served model with its engine options, in order (one: ``model``)."""
+        return list(self.models) or [ServedModel(name=self.model, engine=self.engine)]
+
+    @property
+    def model_names(self) -> list[str]:
+        """The served models' names, in order."""
+        return [m.name for m in self.served]
+
+    def engine_of(self, name: str) -> EngineConfig:
+        """The engine options of the served model ``name``."""
+        for m in self.served:
+            if m.name == name:
+                return m.engine
+        raise ConfigError(f"model {name!r} is not served here")
 
     def check_weights_source(self) -> None:
         """Refuse Hub weights unless ``allow_hub_weights`` (the server then reaches the network).
@@ -162,13 +256,14 @@ class ServerSettings(ServerFields):
         Raises:
             ConfigError: ``engine.weights`` is an ``hf://`` reference and the flag is off.
         """
-        weights = self.engine.weights
-        if is_hub_reference(weights) and not self.allow_hub_weights:
-            raise ConfigError(
-                f"weights {weights!r} is a Hub reference, which the server would fetch from "
-                f"{hub_endpoint()} at start-up: allow that with --allow-hub-weights "
-                "(allow_hub_weights: true in a --config file), or give a local file"
-            )
+        for served in self.served:
+            weights = served.engine.weights
+            if is_hub_reference(weights) and not self.allow_hub_weights:
+                raise ConfigError(
+                    f"weights {weights!r} is a Hub reference, which the server would fetch from "
+                    f"{hub_endpoint()} at start-up: allow that with --allow-hub-weights "
+                    "(allow_hub_weights: true in a --config file), or give a local file"
+                )
 
     @property
     def output_dir(self) -> Path | None:
