@@ -2,9 +2,9 @@
 
 The real ``TerraMindGenerate`` step logic, sampling, DDIM and products, with a two-block
 generator, a narrow UNet (32 channels, one ResBlock per level) and a two-block ViT decoder, so
-a 64 px patch takes milliseconds per step. Weights are seeded per part: every build is the
-same model. Patches of 64 px at stride 32 (margin 16: on the token grid), 2 diffusion steps
-by default (2 UNet calls).
+a 64 px patch takes a fraction of a second per step on a CPU. Weights are seeded per part:
+every build is the same model. Patches of 64 px at stride 32 (margin 16: on the token grid),
+2 diffusion steps by default (2 UNet calls).
 """
 
 from __future__ import annotations

@@ -117,9 +117,9 @@ class EngineConfig(BaseModel):
     top_p: Annotated[float, Field(ge=0, le=1)] | None = None
     """Generative models: sample among the most likely tokens whose probability passes top_p
     (0: all; default: the model's, 0.8 for TerraMind)."""
-    top_k: Annotated[int, Field(ge=0)] | None = None
-    """Generative models: sample among the top_k most likely tokens (0: all; default: the
-    model's, 0 for TerraMind)."""
+    top_k: Annotated[int, Field(ge=0, le=1_000_000)] | None = None
+    """Generative models: sample among the top_k most likely tokens (0, or more than the
+    vocabulary: all; default: the model's, 0 for TerraMind)."""
     batch_invariant: bool | None = None
     """Generative models: run each patch's network calls alone within its batch, so its output
     never depends on the batch it shared, bit for bit (default: on; off: whole-batch calls,
@@ -368,6 +368,9 @@ def check_request_options(options: Mapping[str, Any]) -> dict[str, Any]:
             f"{', '.join(unknown)}: not a per-request option; a request may set "
             f"{', '.join(REQUEST_GENERATION_OPTIONS)}"
         )
+    for name, value in options.items():
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"{name}: should be a number, got {value!r:.40}")
     try:
         cfg = EngineConfig.model_validate(dict(options))
     except ValidationError as exc:

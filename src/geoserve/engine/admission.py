@@ -231,8 +231,8 @@ class Admission:
         if self.request_kwargs is None:
             if options:
                 raise ConfigError(
-                    f"model {self.spec.name!r} does not generate: {', '.join(options)} apply "
-                    "to generative models only"
+                    f"model {self.spec.name!r} does not generate: {', '.join(options)} "
+                    "(generation options) are for generative models only"
                 )
             return ctx
         extra = self.request_kwargs(options)

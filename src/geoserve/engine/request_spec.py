@@ -20,8 +20,6 @@ one; ``Engine.prepare_request`` opens it (:mod:`geoserve.engine.admission`).
 
 from __future__ import annotations
 
-import base64
-import binascii
 import dataclasses
 import os
 from collections.abc import Mapping, Sequence
@@ -29,15 +27,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypedDict, get_args
 
-from rasterio.windows import Window
-
 from geoserve.config import check_request_options
+from geoserve.engine.stored_values import (
+    choice_of,
+    dates_json,
+    field_of,
+    items_of,
+    restored_list,
+    stored,
+)
 from geoserve.errors import ConfigError, InputError, count
 from geoserve.raster.cube import expand
 from geoserve.raster.dates import request_dates
-from geoserve.raster.input_values import NamedBytes, RasterWindow
 from geoserve.raster.source import DataFormat, RasterLike
-from geoserve.raster.stac_item import StacItem, is_stac_input
 from geoserve.schemas import OUT_FORMATS, OutFormat
 from geoserve.seeds import SEED_RANGE, is_seed
 
@@ -205,10 +207,10 @@ class RequestSpec:
             )
         if not is_seed(self.seed):
             raise ConfigError(f"seed: {SEED_RANGE}, got {self.seed!r:.40}")
-        check_request_options(self.generation)
+        checked = check_request_options(self.generation)
         if upfront:
             self._check_count(engine)
-        spec = self.normalised()
+        spec = dataclasses.replace(self.normalised(), **checked)
         if spec.bands is not None:
             engine.in_proc.replace(bands=spec.bands)
         if spec.output_kind is not None:
@@ -241,11 +243,11 @@ class RequestSpec:
         inputs: Any
         if isinstance(given, Mapping):
             inputs = {
-                k: [_stored(x, f"inputs[{k!r}][{i}]") for i, x in enumerate(v)]
+                k: [stored(x, f"inputs[{k!r}][{i}]") for i, x in enumerate(v)]
                 for k, v in given.items()
             }
         else:
-            inputs = [_stored(x, f"inputs[{i}]") for i, x in enumerate(given)]
+            inputs = [stored(x, f"inputs[{i}]") for i, x in enumerate(given)]
         path = spec.output_path
         return {
             "inputs": inputs,
@@ -258,7 +260,7 @@ class RequestSpec:
             "priority": spec.priority,
             "seed": spec.seed,
             **spec.generation,
-            "dates": _dates_json(spec.dates),
+            "dates": dates_json(spec.dates),
         }
 
     @classmethod
@@ -278,22 +280,22 @@ class RequestSpec:
         raw = data["inputs"]
         inputs: list[Any] | dict[str, list[Any]]
         if isinstance(raw, Mapping):
-            inputs = {str(k): _restored_list(v, f"inputs[{k!r}]") for k, v in raw.items()}
+            inputs = {str(k): restored_list(v, f"inputs[{k!r}]") for k, v in raw.items()}
         else:
-            inputs = _restored_list(raw, "inputs")
-        path = _field(data, "output_path", str)
-        seed = _field(data, "seed", int) or 0
+            inputs = restored_list(raw, "inputs")
+        path = field_of(data, "output_path", str)
+        seed = field_of(data, "seed", int) or 0
         if not is_seed(seed):
             raise InputError("request spec: 'seed' must be from 0 to 2**63 - 1")
         return cls(
             inputs,
-            request_id=_field(data, "request_id", str),
+            request_id=field_of(data, "request_id", str),
             output_path=None if path is None else Path(path),
-            out_format=_choice(data, "out_format", OUT_FORMATS, "path"),
-            data_format=_choice(data, "data_format", _DATA_FORMATS, "auto"),
-            bands=_items(data, "bands", (int, str)),
-            output_kind=_items(data, "output_kind", (str,)),
-            priority=_field(data, "priority", int) or 0,
+            out_format=choice_of(data, "out_format", OUT_FORMATS, "path"),
+            data_format=choice_of(data, "data_format", _DATA_FORMATS, "auto"),
+            bands=items_of(data, "bands", (int, str)),
+            output_kind=items_of(data, "output_kind", (str,)),
+            priority=field_of(data, "priority", int) or 0,
             seed=seed,
             dates=data.get("dates"),
             **_generation(data),
@@ -342,132 +344,3 @@ def modality_items(
             raise InputError(f"dates: no modality {name!r} in the request")
         when[name] = request_dates(value, len(items[name]), f"dates[{name!r}]")
     return items, when
-
-
-def _dates_json(dates: Any) -> Any:
-    """Normalised dates (a list of dates or None, or a dict of them) as ISO text."""
-    if dates is None:
-        return None
-    if isinstance(dates, Mapping):
-        return {k: _dates_json(v) for k, v in dates.items()}
-    return [None if d is None else d.isoformat() for d in dates]
-
-
-def _stored(value: Any, where: str) -> Any:
-    """One input as a plain JSON value.
-
-    Raises:
-        InputError: naming ``where``, for an input that is not a file's reference or bytes.
-    """
-    if isinstance(value, str):
-        return value  # a path, URL or base64 text (read as the spec's data_format says)
-    if isinstance(value, NamedBytes):
-        return {"bytes": _b64(value.data), "name": value.name}
-    if isinstance(value, bytes):
-        return {"bytes": _b64(value)}
-    if isinstance(value, os.PathLike) and isinstance(os.fspath(value), str):
-        return {"path": os.fspath(value)}
-    if isinstance(value, RasterWindow):
-        return {"window": [value.path, value.name, *map(_number, value.window.flatten())]}
-    if is_stac_input(value):  # a StacItem or a pystac.Item (not a file's name)
-        item = StacItem.of(value)
-        return {"stac_item": dict(item.data), "location": item.location}
-    raise InputError(
-        f"{where}: a {type(value).__name__} cannot be stored (give a path, URL, base64 text, "
-        "bytes or a STAC Item)"
-    )
-
-
-def _restored_list(value: Any, where: str) -> list[Any]:
-    if not isinstance(value, list):
-        raise InputError(f"request spec: {where} must be a list")
-    return [_restored(x, f"{where}[{i}]") for i, x in enumerate(value)]
-
-
-def _restored(value: Any, where: str) -> Any:
-    """One input as :func:`_stored` wrote it.
-
-    Raises:
-        InputError: naming ``where``, for anything :func:`_stored` does not write.
-    """
-    if isinstance(value, str):
-        return value
-    keys = set(value) if isinstance(value, Mapping) else set()
-    if keys in ({"bytes"}, {"bytes", "name"}):
-        data = _unb64(value["bytes"], where)
-        if "name" not in keys:
-            return data
-        if not isinstance(value["name"], str):
-            raise InputError(f"request spec: {where}: 'name' must be text")
-        return NamedBytes(data, value["name"])
-    if keys == {"path"} and isinstance(value["path"], str):
-        return Path(value["path"])
-    if keys == {"window"}:
-        parts = value["window"]
-        if (
-            isinstance(parts, list)
-            and len(parts) == 6
-            and all(isinstance(p, str) for p in parts[:2])
-            and all(isinstance(p, int | float) and not isinstance(p, bool) for p in parts[2:])
-        ):
-            return RasterWindow(parts[0], Window(*parts[2:]), parts[1])
-    if keys in ({"stac_item"}, {"stac_item", "location"}):
-        location = value.get("location")
-        if location is None or isinstance(location, str):
-            return StacItem(value["stac_item"], location)  # (checked as any Item input)
-    raise InputError(
-        f"request spec: {where} is not a stored input (text, or an object of 'bytes', "
-        "'path', 'window' or 'stac_item')"
-    )
-
-
-def _b64(data: bytes) -> str:
-    return base64.b64encode(data).decode("ascii")
-
-
-def _unb64(text: Any, where: str) -> bytes:
-    if isinstance(text, str):
-        try:
-            return base64.b64decode(text, validate=True)
-        except (binascii.Error, ValueError):
-            pass
-    raise InputError(f"request spec: {where}: 'bytes' must be base64 text")
-
-
-def _number(x: float) -> int | float:
-    """A window offset or size as JSON keeps it (a whole number as an int)."""
-    return int(x) if float(x).is_integer() else float(x)
-
-
-def _field(data: Mapping[str, Any], name: str, kind: type) -> Any:
-    """``data[name]``, None when absent or null, else of ``kind`` (a bool is no number)."""
-    value = data.get(name)
-    if value is None:
-        return None
-    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
-        raise InputError(f"request spec: {name!r} must be {_KIND_WORDS[kind]}")
-    return value
-
-
-def _choice(data: Mapping[str, Any], name: str, choices: tuple[str, ...], default: str) -> Any:
-    value = _field(data, name, str)
-    if value is None:
-        return default
-    if value not in choices:
-        raise InputError(f"request spec: {name!r} must be one of {', '.join(choices)}")
-    return value
-
-
-def _items(data: Mapping[str, Any], name: str, kinds: tuple[type, ...]) -> list[Any] | None:
-    value = data.get(name)
-    if value is None:
-        return None
-    if not isinstance(value, list) or not all(
-        isinstance(v, kinds) and not isinstance(v, bool) for v in value
-    ):
-        words = " or ".join(_KIND_WORDS[k] for k in kinds)
-        raise InputError(f"request spec: {name!r} must be a list, each entry {words}")
-    return value
-
-
-_KIND_WORDS: dict[type, str] = {str: "text", int: "an integer"}

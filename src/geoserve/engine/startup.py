@@ -109,8 +109,8 @@ def load_model(model: str | ModelSpec, cfg: EngineConfig) -> LoadedModel:
         if not isinstance(module, SteppedModel):
             if options:
                 raise ConfigError(
-                    f"model {spec.name!r} does not generate: {', '.join(options)} apply to "
-                    "generative models only"
+                    f"model {spec.name!r} does not generate: {', '.join(options)} "
+                    "(generation options) are for generative models only"
                 )
             return
         try:
@@ -130,14 +130,25 @@ def load_model(model: str | ModelSpec, cfg: EngineConfig) -> LoadedModel:
     if spec.token_size and any(p.kind in TOKEN_KINDS for p in out_procs):
         size, blend = in_proc.patch_size, cast(BlendMode, in_proc.blend)
         check_token_tiling(PatchGrid(size, size, size, in_proc.stride, blend), spec.token_size)
-    if isinstance(module, SteppedModel) and not module.plan():
-        raise ProcessorMismatchError(f"model {spec.name!r} takes steps but its plan() names none")
-    if cfg.compile and isinstance(module, SteppedModel):
+    if isinstance(module, SteppedModel):
+        _check_stepped(spec.name, module, cfg)
+    return LoadedModel(spec, in_proc, out_proc, out_procs, module, device, dtype, max_bytes)
+
+
+def _check_stepped(name: str, module: SteppedModel, cfg: EngineConfig) -> None:
+    """What a stepped model cannot take: an empty plan, quantizing, compiling."""
+    if not module.plan():
+        raise ProcessorMismatchError(f"model {name!r} takes steps but its plan() names none")
+    if cfg.quantize:
         raise ConfigError(
-            f"model {spec.name!r} takes several steps per patch; --compile is not supported "
+            f"model {name!r} takes several steps per patch; --quantize {cfg.quantize} is "
+            "not supported for such models (run it without)"
+        )
+    if cfg.compile:
+        raise ConfigError(
+            f"model {name!r} takes several steps per patch; --compile is not supported "
             "for such models yet (run it without)"
         )
-    return LoadedModel(spec, in_proc, out_proc, out_procs, module, device, dtype, max_bytes)
 
 
 def make_runner(loaded: LoadedModel, cfg: EngineConfig) -> ModelRunner:

@@ -149,7 +149,7 @@ class StepPool:
         return batch
 
 
-def step_forward(
+def run_step(
     module: SteppedModel,
     plan: Sequence[str],
     batch: list[Patch],
@@ -216,7 +216,7 @@ def forward_step(
     kind, t0 = plan[batch[0].step], time.perf_counter()
     try:
         with torch.inference_mode(), runner.autocast():
-            y, done = step_forward(module, plan, batch, x, kwargs, runner.device)
+            y, done = run_step(module, plan, batch, x, kwargs, runner.device)
     except (torch.OutOfMemoryError, GeoServeError):
         raise
     except Exception as exc:

@@ -261,3 +261,28 @@ def test_a_request_sets_its_own_sampling(engine, scene, tmp_path) -> None:
         engine.generate_image({"S2L2A": str(scene)}, temperature=-1.0)
     with pytest.raises(ConfigError, match=r"'identity' does not generate: top_p"):
         Engine("identity", warmup=False).generate_image(str(scene), top_p=0.5)
+
+
+def test_an_engine_without_land_cover_generates_what_it_names(scene, tmp_path) -> None:
+    """The model's own default kind (lulc) is no demand: an engine of s1grd alone starts."""
+    eng = Engine("test-generate", output_kind=["s1grd"], warmup=False)
+    assert eng.model.plan() == ("tokens-s1grd", "denoise-s1grd", "denoise-s1grd")
+    assert set(_run(eng, scene, tmp_path / "s1.tif")) == {"s1grd"}
+
+
+@pytest.mark.parametrize(
+    ("option", "match"),
+    [
+        ({"temperature": "0.5"}, "temperature: should be a number"),
+        ({"temperature": True}, "temperature: should be a number"),
+        ({"top_k": 10**30}, "top_k: should be less than or equal to 1000000"),
+    ],
+)
+def test_bad_request_sampling_fails_that_request(engine, scene, option, match) -> None:
+    with pytest.raises(ConfigError, match=match):
+        engine.generate_image({"S2L2A": str(scene)}, **option)
+
+
+def test_quantizing_a_generative_model_is_refused_at_start() -> None:
+    with pytest.raises(ConfigError, match="--quantize int8 is not supported"):
+        Engine("test-generate", quantize="int8", warmup=False)

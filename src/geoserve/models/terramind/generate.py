@@ -6,7 +6,7 @@ tokens from the generator (:mod:`.generation`), conditioned on the inputs and on
 generated before it; then each diffusion-decoded modality (S2L2A, S1GRD, S1RTC, DEM, NDVI)
 takes its denoising steps, one UNet call each (:class:`~.tokenizers.DiVAE`); LULC is
 decoded in one pass (:class:`~.tokenizers.VQVAE`) when the patch finishes. The plan of two
-outputs S1GRD and LULC at 2 steps is ``tokens-s1grd, tokens-lulc, denoise-s1grd x 3``
+outputs S1GRD and LULC at 2 steps is ``tokens-s1grd, tokens-lulc, denoise-s1grd x 2``
 (TerraTorch's trailing spacing: ``steps=2`` runs 2 UNet calls, ``steps=3`` runs 4).
 
 The engine batches steps of one kind from every request, whatever their step index (each row

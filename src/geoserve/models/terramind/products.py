@@ -134,7 +134,8 @@ class GeneratedProducts(OutputProcessor):
         if not outputs:
             raise ConfigError(f"{type(model).__name__} is no configured TerraMind generator")
         fitted = dataclasses.replace(self, generated=outputs)
-        return fitted.for_kind(self.kind)
+        # (the model's own processor keeps its default kind only if it is generated)
+        return fitted.for_kind(self.kind if self.kind in fitted.kinds else fitted.kinds[0])
 
     def for_kind(self, kind: str) -> GeneratedProducts:
         """The same model's ``kind`` product.
