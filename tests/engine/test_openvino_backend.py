@@ -214,3 +214,19 @@ def test_models_json_lists_the_converted_forms(
     assert "int8" in precisions
     (int8,) = [c for c in entries["demo-water"]["converted"] if c["precision"] == "int8"]
     assert int8["gate"]["agreement"] >= 0.99
+
+
+def test_v1_models_says_how_the_server_runs_its_model(cache: Path) -> None:
+    """A real uvicorn serving demo-water on openvino: /v1/models names the backend, precision
+    and each converted model's figures, never the server's cache paths."""
+    import httpx
+
+    from geoserve.config import EngineConfig
+    from tests.server.conftest import running_server
+
+    engine = EngineConfig(backend="openvino", backend_cache_dir=cache)
+    with running_server(model="demo-water", engine=engine) as url:
+        runtime = httpx.get(f"{url}/v1/models", timeout=30).json()["data"][0]["runtime"]
+    assert (runtime["backend"], runtime["precision"]) == ("openvino", "fp32")
+    assert runtime["converted"]
+    assert str(cache) not in str(runtime)

@@ -50,5 +50,13 @@ def model_entry(model: str, eng: Any) -> dict[str, Any]:
             "quantize": cfg.quantize,
             "compile": cfg.compile,
             "validated": list(eng.engine.spec.validated),
+            "backend": cfg.backend,
+            "precision": cfg.precision or "fp32",
         }
+        converted = getattr(eng.engine.runner, "runtime", {}).get("converted", [])
+        if converted:  # the backend's converted models and their accuracy figures
+            entry["runtime"]["converted"] = [
+                {k: v for k, v in c.items() if k != "path"}
+                for c in converted  # (no server paths)
+            ]
     return entry
