@@ -28,24 +28,13 @@ from geoserve.models.terramind.tokenizers import (
     tokenizer_spec,
 )
 from geoserve.models.terramind.tokenizers.unet import PatchedUNet
+from tests.generate_stub import TINY_UNET, TINY_VIT
+from tests.generate_stub import randomise as _randomise
 from tests.models.terramind import reference
 
 TOL = 1e-4
-SMALL_UNET = dict(model_channels=32, num_res_blocks=1)
-SMALL_VIT = dict(dim=64, depth=2, num_heads=4)
-_SCALES = ("norm1.weight", "norm2.weight", "norm_mlp.weight", "norm.weight", "layers.0.weight")
-
-
-def _randomise(model: nn.Module, seed: int) -> None:
-    """Every parameter away from its init (norm scales around 1, the rest small)."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            noise = torch.randn(p.shape, generator=g)
-            if name.endswith(_SCALES) or name == "out.0.weight":
-                p.copy_(1 + 0.1 * noise)
-            else:
-                p.copy_(0.05 * noise)
+SMALL_UNET = TINY_UNET
+SMALL_VIT = TINY_VIT
 
 
 def _ref_unet(channels: int, num_heads: int = 1) -> nn.Module:
