@@ -114,6 +114,8 @@ def test_int8_from_a_flag_is_served_and_reported(tmp_path):
         "quantize": "int8",
         "compile": False,
         "validated": ["int8"],
+        "backend": "torch",
+        "precision": "fp32",
     }
     assert resp.status_code == 200, resp.text
     with MemoryFile(resp.content) as mem, mem.open() as ds:
