@@ -31,7 +31,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     for _name in ("COLUMNS", "LINES"):
         os.environ.pop(_name, None)
 
-#: Tests that share the session's local Ray cluster (``ray_cluster``): on several workers they
+#: Tests that share one local Ray cluster (``ray_cluster``): on several workers they
 #: run on one, one after another, so that one cluster is started, not one per worker. (The
 #: docs' ``--ray`` commands start a cluster of their own for a few seconds and stay with their
 #: module.)

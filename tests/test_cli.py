@@ -1,28 +1,27 @@
-"""The CLI end to end, in a subprocess, on real files."""
+"""The CLI end to end on real files: through ``main()`` in this process, as a fresh process
+would show it (:mod:`tests.cli_process`), and the entry point in a subprocess."""
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import rasterio
 
+from tests.cli_process import run_in_process, run_subprocess
 from tests.conftest import FLOOD, LAKE, RGB, needs_shared
 
+#: Every warning shown (once per place), as ``PYTHONWARNINGS=default`` shows them
+WARNINGS_SHOWN = {"PYTHONWARNINGS": "default"}
 
-def run(
-    *args: str, cwd: Path | None = None, env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "geoserve", *args],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        env={**os.environ, "PYTHONWARNINGS": "default", **(env or {})},
-        timeout=300,
-    )
+
+def run(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None):
+    """``geoserve *args`` in this process, every warning shown; what ``subprocess.run`` gives."""
+    return run_in_process(*args, cwd=cwd, env={**WARNINGS_SHOWN, **(env or {})})
+
+
+def run_process(*args: str, env: dict[str, str] | None = None):
+    """``python -m geoserve *args`` in a subprocess, every warning shown."""
+    return run_subprocess(*args, env={**WARNINGS_SHOWN, **(env or {})})
 
 
 @needs_shared(LAKE)
@@ -38,7 +37,8 @@ def test_predict_lake_scene(tmp_path):
 
 
 def test_missing_file_exit_1_one_line(tmp_path):
-    res = run("predict", str(tmp_path / "gone.tif"), "-o", str(tmp_path / "o.tif"))
+    """In a subprocess: the entry point's exit code and its stderr, exactly one line."""
+    res = run_process("predict", str(tmp_path / "gone.tif"), "-o", str(tmp_path / "o.tif"))
     assert res.returncode == 1
     assert res.stderr.strip() == f"geoserve: error: {tmp_path / 'gone.tif'}: no such file"
     assert "Traceback" not in res.stderr
@@ -86,7 +86,7 @@ def test_debug_shows_traceback(tmp_path):
 
 
 def test_usage_error_exit_2(tmp_path):
-    assert run("predict").returncode == 2
+    assert run_process("predict").returncode == 2  # the entry point's own exit code
     res = run("predict", "a.tif", "-o", "b.tif", "--blend", "gauss")
     assert res.returncode == 2
     assert "invalid choice" in res.stderr

@@ -9,6 +9,7 @@ import threading
 import pytest
 
 from geoserve.catalog import format_table, model_entries
+from tests.cli_process import run_in_process
 from tests.test_cli import run
 
 HEAVY = ("torch", "timm", "geoserve_prithvi")
@@ -127,13 +128,7 @@ def test_loading_a_model_is_announced_on_a_terminal_only(tmp_path, make_geotiff)
 
 
 def test_models_fits_100_columns_and_shortens_long_class_lists():
-    res = subprocess.run(
-        [sys.executable, "-m", "geoserve", "models"],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "COLUMNS": "100"},
-        timeout=300,
-    )
+    res = run_in_process("models", env={"COLUMNS": "100"})
     assert res.returncode == 0, res.stderr
     lines = res.stdout.splitlines()
     assert max(len(line) for line in lines) <= 100

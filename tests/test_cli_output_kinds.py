@@ -102,13 +102,13 @@ def test_models_lists_output_kinds():
 def test_a_checkerboard_is_refused_at_the_vertex_bound_in_one_line(tmp_path):
     """The bound applies on the command line too: one line naming it, no file written; with
     a higher bound given by its flag the same map is traced."""
-    board = write_geotiff(tmp_path / "board.tif", checkerboard(160), descriptions=["B3", "B8"])
+    board = write_geotiff(tmp_path / "board.tif", checkerboard(120), descriptions=["B3", "B8"])
     out = tmp_path / "out"
     args = ("predict", str(board), "-m", "ndwi-water", "--output-kind", "classes,polygons")
     res = run(*args, "-o", f"{out}/")
     assert res.returncode == 1
     assert "polygons output too complex" in res.stderr
-    assert "over the bound of 50,000 for a 160x160 class map" in res.stderr
+    assert "over the bound of 50,000 for a 120x120 class map" in res.stderr
     assert "--max-polygon-vertices-per-pixel" in res.stderr
     assert "Traceback" not in res.stderr
     assert not list(out.iterdir())  # nor its class map: all or nothing

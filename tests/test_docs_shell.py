@@ -30,6 +30,7 @@ import rasterio
 from geoserve.cli import main
 from geoserve.models.configured import unregister_configured
 from geoserve.registry import MODEL_REGISTRY
+from tests.cli_process import run_in_process
 from tests.conftest import BUNDLED_SCENE, write_bundled_corner
 from tests.docs_shell import argv_of, doc_commands, docs_commands, served_as_written
 from tests.multimodal_scenes import write_s1, write_s2
@@ -470,13 +471,7 @@ def test_a_png_and_a_jpeg_input_warn_once_each_in_geoserve_words(tmp_path):
         with rasterio.open(tmp_path / name, "w", **profile) as dst:
             dst.write(data)
     argv = ["predict", "x.png", "x.jpg", "-o", "out", "--model", "identity", "-q"]
-    res = subprocess.run(
-        [sys.executable, "-m", "geoserve", *argv, "--allowed-formats", "GTiff,PNG,JPEG"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    res = run_in_process(*argv, "--allowed-formats", "GTiff,PNG,JPEG", cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     lines = [line for line in res.stderr.splitlines() if "warning" in line.lower()]
     assert sorted(lines) == [

@@ -381,10 +381,13 @@ def test_the_vertex_bound_counts_the_polygons_kept_and_can_be_switched_off(tmp_p
     with Engine("ndwi-water", output_kind="polygons", min_area=3) as engine:
         out = engine.generate_image(path, output_path=tmp_path / "specks.parquet").outputs
     assert out.count == 0
-    checker = write_geotiff(tmp_path / "checker.tif", checkerboard(160), descriptions=["B3", "B8"])
+    checker = write_geotiff(tmp_path / "checker.tif", checkerboard(120), descriptions=["B3", "B8"])
     with Engine("ndwi-water", output_kind="polygons", max_polygon_vertices_per_pixel=0) as e:
         out = e.generate_image(checker, output_path=tmp_path / "checker.parquet").outputs
     assert out.count == 2
+    table = pq.read_table(out.path)
+    geoms = shapely.from_wkb(table["geometry"].to_numpy(zero_copy_only=False))
+    assert shapely.get_num_coordinates(geoms).sum() > 50_000  # over the bound it switched off
     assert e.config.max_polygon_vertices_per_pixel is None
     assert not list(tmp_path.glob(".*"))  # no temporary left by the failed one
 

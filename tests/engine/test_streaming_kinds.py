@@ -19,8 +19,6 @@ import pyogrio
 import pytest
 import rasterio
 
-from tests.multimodal_scenes import write_s2
-
 REPO = Path(__file__).resolve().parents[2]
 SIZE = 8192
 BAR = 1.3
@@ -56,8 +54,11 @@ RUN = textwrap.dedent(
 
 
 @pytest.fixture(scope="module")
-def scene(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_s2(tmp_path_factory.mktemp("kinds-streaming") / "s2.tif", SIZE)
+def scene(large_s2: Path) -> Path:
+    """The S2-like scene, 8192 x 8192 (shared with the multimodal streaming test)."""
+    with rasterio.open(large_s2) as src:
+        assert (src.width, src.height) == (SIZE, SIZE)
+    return large_s2
 
 
 def _run(src: Path, dst: Path, kinds: str) -> dict:

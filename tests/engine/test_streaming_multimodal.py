@@ -63,11 +63,14 @@ RUN = textwrap.dedent(
 
 
 @pytest.fixture(scope="session")
-def scenes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The S2 scene (8192 x 8192), its first 2048 rows, and S1 over its upper-left 60 %."""
+def scenes(tmp_path_factory: pytest.TempPathFactory, large_s2: Path) -> dict[str, Path]:
+    """The S2 scene (8192 x 8192, shared with the streaming test of several kinds), its first
+    2048 rows, and S1 over its upper-left 60 %."""
     root = tmp_path_factory.mktemp("mm-streaming")
+    with rasterio.open(large_s2) as src:
+        assert (src.width, src.height) == (WIDTH, WIDTH)
     return {
-        "full": write_s2(root / "s2_full.tif", WIDTH),
+        "full": large_s2,
         "short": write_s2(root / "s2_short.tif", WIDTH, height=SHORT),
         "s1": write_s1(root / "s1.tif", WIDTH, cover=0.6),
     }

@@ -135,7 +135,13 @@ def test_a_full_scene_store_answers_507_and_keeps_nothing(tmp_path):
     try:
         big = small_scene(tmp_path / "big.tif", side=128)  # ~100 KB: does not fit
         small = small_scene(tmp_path / "small.tif")  # ~25 KB: fits
-        with serve_subprocess("--output-dir", str(out), preexec_fn=preexec) as (url, _):
+        server = (  # a full tmpfs: a server in this process; else a child with the size limit
+            running_server(model="identity", output_dir=out)
+            if preexec is None
+            else serve_subprocess("--output-dir", str(out), preexec_fn=preexec)
+        )
+        with server as started:
+            url = started if isinstance(started, str) else started[0]
             refused = httpx.post(f"{url}/v1/scenes", content=big, timeout=60)
             left = sorted(p.name for p in disk.iterdir() if p.name != "lost+found")
             ok = httpx.post(f"{url}/v1/scenes", content=small, timeout=60)

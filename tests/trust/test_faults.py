@@ -25,6 +25,7 @@ import pytest
 
 from geoserve import Engine
 from geoserve.server import ServerSettings, create_app
+from tests.cli_process import run_in_process
 from tests.conftest import read, write_geotiff
 from tests.server.conftest import free_port, running_server, serve_subprocess, wait_ready
 from tests.trust.conftest import OutputDir, can_mount, small_disk, unmount
@@ -108,6 +109,8 @@ def test_output_dir_turning_read_only_mid_run_fails_that_request_alone(
 
 @pytest.fixture
 def full(tmp_path: Path) -> Iterator[tuple[Path, object]]:
+    """A 256 KB output disk: a real tmpfs (as root), which the tests fill from this process,
+    or else a file size limit that only a child process can be given (``preexec``)."""
     path, preexec = small_disk(tmp_path / "tiny", 256 * 1024)
     try:
         yield path, preexec
@@ -122,29 +125,18 @@ def _no_output(directory: Path) -> None:
 def test_full_disk_fails_the_cli_and_leaves_nothing(tmp_path, full):
     disk, preexec = full
     src = scene(tmp_path / "s.tif", 384)  # ~1.7 MB of float32 noise: does not fit
-    res = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "geoserve",
-            "predict",
-            str(src),
-            "-o",
-            str(disk / "o.tif"),
-            "-m",
-            "identity",
-            "--patch-size",
-            "64",
-            "--stride",
-            "64",
-            "--blend",
-            "none",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        preexec_fn=preexec,  # type: ignore[arg-type]
-    )
+    args = ["predict", str(src), "-o", str(disk / "o.tif"), "-m", "identity"]
+    args += ["--patch-size", "64", "--stride", "64", "--blend", "none"]
+    if preexec is None:  # a full tmpfs: the CLI's main() here
+        res = run_in_process(*args)
+    else:
+        res = subprocess.run(
+            [sys.executable, "-m", "geoserve", *args],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            preexec_fn=preexec,  # type: ignore[arg-type]
+        )
     assert res.returncode == 1, res.stdout + res.stderr
     assert "no space left for the output" in res.stderr
     assert "wrote" not in res.stdout
@@ -154,6 +146,14 @@ def test_full_disk_fails_the_cli_and_leaves_nothing(tmp_path, full):
 def test_full_disk_fails_the_python_api_and_leaves_nothing(tmp_path, full):
     disk, preexec = full
     src = scene(tmp_path / "s.tif", 384)
+    if preexec is None:  # a full tmpfs: the API here
+        from geoserve.errors import OutputSpaceError
+
+        eng = Engine("identity", patch_size=64, stride=64, blend="none")
+        with eng, pytest.raises(OutputSpaceError, match="no space left for the output"):
+            eng.generate_image(str(src), output_path=str(disk / "o.tif"))
+        _no_output(disk)
+        return
     code = (
         "from geoserve import Engine\n"
         "from geoserve.errors import OutputSpaceError\n"
@@ -180,9 +180,16 @@ def test_full_disk_fails_the_python_api_and_leaves_nothing(tmp_path, full):
 def test_full_disk_fails_the_server_request_and_the_server_keeps_serving(tmp_path, full):
     disk, preexec = full
     scene(tmp_path / "s.tif", 384)
-    with serve_subprocess(
-        "--output-dir", str(disk), "--allowed-input-dir", str(tmp_path), preexec_fn=preexec
-    ) as (url, _):
+    options = {"output_dir": disk, "allowed_input_dirs": [tmp_path], "model": "identity"}
+    server = (  # a full tmpfs: a server in this process; else a child with the size limit
+        running_server(**options)
+        if preexec is None
+        else serve_subprocess(
+            "--output-dir", str(disk), "--allowed-input-dir", str(tmp_path), preexec_fn=preexec
+        )
+    )
+    with server as started:
+        url = started if isinstance(started, str) else started[0]
         body = {"data": "s.tif", "data_format": "path", "out_data_format": "path"}
         resp = httpx.post(f"{url}/v1/images", json=body, timeout=120)
         assert resp.status_code == 507, resp.text

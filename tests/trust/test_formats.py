@@ -9,8 +9,6 @@ from __future__ import annotations
 import base64
 import contextlib
 import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,6 +21,7 @@ from geoserve import Engine
 from geoserve.errors import ConfigError, InputFormatError, RasterReadError
 from geoserve.raster.source import open_raster
 from geoserve.server import ServerSettings
+from tests.cli_process import run_in_process
 from tests.conftest import write_geotiff
 
 
@@ -61,12 +60,7 @@ def test_vrt_is_refused_by_the_cli(bait, tmp_path):
     evil = tmp_path / "scene.tif"
     evil.write_bytes(bait.vrt())
     out = tmp_path / "out.tif"
-    res = subprocess.run(
-        [sys.executable, "-m", "geoserve", "predict", str(evil), "-o", str(out), "-m", "identity"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    res = run_in_process("predict", str(evil), "-o", str(out), "-m", "identity")
     assert res.returncode == 1
     assert f"{evil}: the content is a GDAL virtual raster (VRT)" in res.stderr
     assert "Traceback" not in res.stderr

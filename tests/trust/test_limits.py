@@ -9,8 +9,6 @@ import asyncio
 import contextlib
 import http.server
 import signal
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -24,6 +22,7 @@ from rasterio.io import MemoryFile
 
 from geoserve import Engine, RequestSpec
 from geoserve.errors import PayloadTooLargeError
+from tests.cli_process import run_in_process
 from tests.conftest import http_server, write_geotiff
 from tests.server.conftest import running_server, serve_subprocess
 
@@ -56,7 +55,8 @@ def test_a_thin_strip_is_refused_for_what_it_would_cost_not_its_pixels():
 
 def test_admitted_requests_share_one_memory_bound(tmp_path, monkeypatch):
     monkeypatch.setenv("GEOSERVE_TEST_SLOW", "0.2")
-    path = write_geotiff(tmp_path / "s.tif", np.ones((1, 64, 640), np.float32))
+    # one row of 40 patches, 0.2 s each: the first is still running when the second comes
+    path = write_geotiff(tmp_path / "s.tif", np.ones((1, 16, 640), np.float32))
     with Engine("test-slow") as eng:
         req = eng.prepare_request(RequestSpec(str(path), out_format="bytes"))
         need = req.memory_bytes
@@ -88,12 +88,7 @@ def test_the_python_api_and_cli_refuse_inputs_over_the_patch_limit(tmp_path):
         eng.generate_image(str(path), out_format="tensor")
     out = tmp_path / "o.tif"
     args = ["predict", str(path), "-o", str(out), "-m", "identity", "--patch-size", "16"]
-    res = subprocess.run(
-        [sys.executable, "-m", "geoserve", *args, "--stride", "16", "--max-patches", "10"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    res = run_in_process(*args, "--stride", "16", "--max-patches", "10")
     assert res.returncode == 1
     assert "makes 16 patches, over the limit of 10 (raise it with" in res.stderr
     assert not out.exists()

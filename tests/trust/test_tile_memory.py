@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -53,13 +54,25 @@ def peak_mb(pid: int) -> float:
     raise AssertionError("no VmHWM")
 
 
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, str, int]]:
+    """One ``geoserve serve`` process for the module (its own peak memory is measured):
+    the folder it may read, its URL and its pid."""
+    root = tmp_path_factory.mktemp("tile-memory")
+    args = ["--allowed-input-dir", str(root), "--max-memory-mb", "256"]
+    with serve_subprocess(*args, model="demo-water") as (url, proc):
+        yield root, url, proc.pid
+
+
 @pytest.mark.parametrize("interleave", ["band", "pixel"])
-def test_a_tile_of_a_sparse_many_band_scene_stays_within_the_memory_bound(tmp_path, interleave):
+def test_a_tile_of_a_sparse_many_band_scene_stays_within_the_memory_bound(server, interleave):
     """Band-interleaved: read within the bound (200). Pixel-interleaved, GDAL would decode all
     120 bands of every block the tile touches: refused with 413 before reading."""
-    scene = sparse_scene(tmp_path / "sparse.tif", interleave)
-    # what the model reads: 13 bands (two files, so the second is not in the patch cache)
-    plain = [sparse_scene(tmp_path / f"plain{i}.tif", "band", bands=13) for i in (1, 2)]
+    root, url, pid = server
+    scene = sparse_scene(root / f"sparse-{interleave}.tif", interleave)
+    # what the model reads: 13 bands (two files of this test's own, so the second is in no
+    # patch cache)
+    plain = [sparse_scene(root / f"plain-{interleave}{i}.tif", "band", bands=13) for i in (1, 2)]
     assert scene.stat().st_size < 2 * MB  # what the attacker sends
     with rasterio.open(scene) as src:
         z = min_zoom(src.crs, src.transform, src.width, src.height)
@@ -68,23 +81,21 @@ def test_a_tile_of_a_sparse_many_band_scene_stays_within_the_memory_bound(tmp_pa
     n = 1 << z
     x = int((lon + 180) / 360 * n)
     y = int((1 - math.asinh(math.tan(math.radians(lat))) / math.pi) / 2 * n)
-    args = ["--allowed-input-dir", str(tmp_path), "--max-memory-mb", "256"]
-    with serve_subprocess(*args, model="demo-water") as (url, proc):
 
-        def tile_growth(source: Path) -> tuple[httpx.Response, float]:
-            """The tile of ``source``, and how far it lifted the server's peak memory."""
-            Path(f"/proc/{proc.pid}/clear_refs").write_text("5")  # the peak from now on
-            before = peak_mb(proc.pid)
-            resp = httpx.get(
-                f"{url}/v1/tiles/{z}/{x}/{y}.png", params={"source": str(source)}, timeout=300
-            )
-            return resp, peak_mb(proc.pid) - before
+    def tile_growth(source: Path) -> tuple[httpx.Response, float]:
+        """The tile of ``source``, and how far it lifted the server's peak memory."""
+        Path(f"/proc/{pid}/clear_refs").write_text("5")  # the peak from now on
+        before = peak_mb(pid)
+        resp = httpx.get(
+            f"{url}/v1/tiles/{z}/{x}/{y}.png", params={"source": str(source)}, timeout=300
+        )
+        return resp, peak_mb(pid) - before
 
-        # the same tile of a 13-band scene (after a first one): the model's own memory
-        assert tile_growth(plain[0])[0].status_code == 200
-        ok, model_mb = tile_growth(plain[1])
-        assert ok.status_code == 200, ok.text
-        resp, grown = tile_growth(scene)
+    # the same tile of a 13-band scene (after a first one): the model's own memory
+    assert tile_growth(plain[0])[0].status_code == 200
+    ok, model_mb = tile_growth(plain[1])
+    assert ok.status_code == 200, ok.text
+    resp, grown = tile_growth(scene)
     if interleave == "band":
         assert resp.status_code == 200, resp.text
     else:

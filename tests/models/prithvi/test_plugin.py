@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -15,6 +14,7 @@ from geoserve.models.prithvi import PrithviMAE, PrithviSegmentation
 from geoserve.models.prithvi.variants import SEN1FLOODS11_MEAN, SEN1FLOODS11_STD
 from geoserve.raster.coords import centre_lonlat
 from geoserve.raster.source import open_raster
+from tests.cli_process import run_in_process
 from tests.conftest import FLOOD, HLS, RGB, needs_shared
 
 TINY = dict(embed_dim=64, depth=12, num_heads=1, in_chans=6, img_size=224, patch_size=16)
@@ -34,9 +34,9 @@ def tiny_unet(seed: int, num_classes: int, **kwargs) -> PrithviSegmentation:
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "geoserve", *args], capture_output=True, text=True, timeout=600
-    )
+    """``geoserve *args`` through ``main()`` in this process, as a fresh process shows it
+    (the plugin is found by its entry point here too)."""
+    return run_in_process(*args)
 
 
 @pytest.fixture(scope="module")
