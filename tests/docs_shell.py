@@ -78,6 +78,7 @@ def served_as_written(
     env: dict[str, str] | None = None,
     stop: int = signal.SIGTERM,
     timeout: float = 120,
+    stop_timeout: float = 60,
 ) -> Iterator[tuple[str, subprocess.Popen[str]]]:
     """A documented ``geoserve serve`` command in a subprocess of this Python, once ready.
 
@@ -115,7 +116,7 @@ def served_as_written(
             if proc.poll() is None:
                 proc.send_signal(stop)
             try:
-                proc.wait(timeout=60)
+                proc.wait(timeout=stop_timeout)
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()

@@ -437,7 +437,9 @@ def test_scaling_md_serve_on_ray(repo):
     assert SERVE_RAY in doc_commands("scaling.md")
     scene = repo / BUNDLED_SCENE
     with served_as_written(
-        SERVE_RAY.replace("--replicas 4", "--replicas 1"), stop=signal.SIGINT
+        SERVE_RAY.replace("--replicas 4", "--replicas 1"),
+        stop=signal.SIGINT,
+        stop_timeout=180,  # Ray Serve's graceful shutdown took over 60 s on a loaded machine
     ) as (url, proc):
         resp = httpx.post(
             f"{url}/v1/images", files={"file": ("s.tif", scene.read_bytes())}, timeout=120
