@@ -29,7 +29,7 @@ def serve(out: Path, inputs: Path) -> Iterator[tuple[str, subprocess.Popen[str]]
         "import sys, tests.stub_models; from geoserve.cli import main; "
         f"sys.exit(main(['serve', '--model', 'test-slow', '--port', '{port}', "
         f"'--batch-size', '1', '--output-dir', {str(out)!r}, "
-        f"'--allowed-input-dir', {str(inputs)!r}]))"
+        f"'--allowed-input-dir', {str(inputs)!r}, '--job-lease-s', '3']))"
     )
     env = {**os.environ, "GEOSERVE_TEST_SLOW": "0.1"}
     proc = subprocess.Popen(

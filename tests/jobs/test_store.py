@@ -412,3 +412,46 @@ def test_reopened_store_has_the_jobs(
     assert again.list() == before
     assert again.get(done).created.tzinfo == timezone.utc
     assert again.claim_next().job_id == queued  # type: ignore[union-attr]
+
+
+def test_recover_with_a_lease_requeues_only_jobs_gone_quiet(
+    store: JobStore, clock: FakeClock
+) -> None:
+    quiet, alive = running(store), running(store)
+    clock.advance(20)
+    assert store.progress(alive, 10)  # a report: the worker's heartbeat (updated moves on)
+    clock.advance(15)  # quiet: 35 s without a report; alive: 15 s
+    recovered = store.recover(max_attempts=3, stale_after_s=30)
+    assert [(j.job_id, j.status) for j in recovered] == [(quiet, "accepted")]
+    assert store.get(alive).status == "running"
+    assert store.progress(alive, 10)  # the same percentage again still counts as a report
+    clock.advance(29)
+    assert store.recover(max_attempts=3, stale_after_s=30) == []
+    assert store.recover(max_attempts=3, stale_after_s=float("inf")) == []
+    for bad in (-1, "30", float("nan"), True):
+        with pytest.raises(InputError, match="stale_after_s"):
+            store.recover(3, stale_after_s=bad)  # type: ignore[arg-type]
+
+
+def test_a_worker_whose_claim_was_taken_over_changes_nothing(
+    store: JobStore, clock: FakeClock
+) -> None:
+    job_id = running(store)
+    first = store.get(job_id).attempts
+    clock.advance(60)
+    store.recover(max_attempts=3, stale_after_s=30)
+    second = store.claim_next()
+    assert second is not None
+    assert (second.job_id, second.attempts) == (job_id, first + 1)
+    # the first worker wakes up: none of its reports lands on the second one's run
+    assert not store.progress(job_id, 90, "late", attempt=first)
+    assert not store.finish(job_id, {"out": "first"}, attempt=first)
+    assert not store.fail(job_id, {"type": "x", "detail": "late"}, attempt=first)
+    job = store.get(job_id)
+    assert (job.status, job.progress, job.attempts, job.results) == ("running", 0, 2, None)
+    assert store.progress(job_id, 40, attempt=second.attempts)
+    assert store.finish(job_id, {"out": "second"}, attempt=second.attempts)
+    assert store.get(job_id).results == {"out": "second"}
+    for bad in (0, -1, 1.5, True, "2"):
+        with pytest.raises(InputError, match="attempt"):
+            store.progress(job_id, 1, attempt=bad)  # type: ignore[arg-type]

@@ -1,13 +1,18 @@
 """``JobRunner``: the workers that run a :class:`~geoserve.jobs.store.JobStore`'s jobs.
 
-At start the runner requeues the jobs a stopped process left running (``store.recover``), then
-``workers`` asyncio tasks each claim the oldest queued job, rebuild its request
+The runner requeues the jobs a stopped process left running (``store.recover``: those whose
+worker has not reported for ``lease_s`` seconds) at start and every ``lease_s / 2`` seconds
+after, so several processes can share one store and take over each other's jobs when one
+stops; ``workers`` asyncio tasks each claim the oldest queued job, rebuild its request
 (:meth:`RequestSpec.from_json`) and run it through ``execute`` (the server's own path: the
 same trust rules as an interactive request), with its outputs under
 ``<output_dir>/jobs/<job id>/``. While a job runs, its progress (patches done out of all, from
 ``progress``) is written to the store every :data:`POLL_S` seconds, as a percentage and as the
-status message ``"<done>/<total> patches"``; a job the store says is no
-longer the worker's (dismissed) is cancelled in the engine and its directory removed. A job
+status message ``"<done>/<total> patches"`` (each write the worker's heartbeat, also while the
+job's STAC Item is written); every write names the worker's claim (the job's ``attempts``), so
+a worker whose lease ran out cannot end a job another worker now runs. A job the store says is
+no longer the worker's is cancelled in the engine; its directory is removed when the job was
+dismissed, and left to the worker that took it over otherwise. A job
 ends ``successful`` with its results (each output kind's file name, media type and size) or
 ``failed`` with an OGC exception body (a class map's ``.aux.xml`` sidecar, its class names,
 named beside its file). Every :data:`EXPIRE_EVERY_S` the finished jobs older
@@ -16,8 +21,8 @@ than ``ttl_s`` are removed with their directories.
 When the store fails (a :class:`~geoserve.errors.JobStoreError`: its file gone, its server
 down), the workers log it once, look again less and less often (up to every
 :data:`STORE_RETRY_MAX_S` seconds) and carry on when it answers again; a job already running
-keeps running, and one whose end could not be recorded stays ``running`` in the store, so the
-next start queues it again.
+keeps running, and one whose end could not be recorded stays ``running`` in the store, so it
+is queued again once its lease runs out.
 
 A job's stored spec holds what the client gave: paths and URLs as named (the server vets them
 again when the job runs), and for inputs sent inline, the names of the files written into the
@@ -40,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from geoserve.engine.request_spec import RequestSpec
-from geoserve.errors import GeoServeError, InputError, JobStoreError
+from geoserve.errors import GeoServeError, InputError, JobStoreError, NotFoundError
 from geoserve.jobs.store import Job, JobStore, is_job_id
 from geoserve.raster.input_values import NamedBytes
 from geoserve.schemas import ImageRequestOutput
@@ -49,6 +54,8 @@ logger = logging.getLogger(__name__)
 
 #: How often a running job's progress is written to the store (and its dismissal noticed).
 POLL_S = 0.5
+#: How long a running job may go unreported before it is taken to be abandoned (the default).
+LEASE_S = 30.0
 #: How often finished jobs past their time to live are removed.
 EXPIRE_EVERY_S = 60.0
 #: How often an idle worker looks for a queued job.
@@ -92,9 +99,22 @@ def job_dir(output_dir: Path, job_id: str) -> Path:
     return output_dir / "jobs" / job_id
 
 
+def attempt_dir(output_dir: Path, job: Job) -> Path:
+    """Where one run of a job writes, ``<output_dir>/jobs/.<job id>.<attempt>``.
+
+    Moved to :func:`job_dir` once the run's claim is checked, just before it is recorded as
+    finished, so a run that lost its claim (its lease ran out) never writes into the outputs
+    of the run that took over.
+    """
+    return job_dir(output_dir, job.job_id).with_name(f".{job.job_id}.{job.attempts}")
+
+
 def remove_job_dir(output_dir: Path, job_id: str) -> None:
-    """Remove a job's directory and everything in it (missing is fine)."""
-    shutil.rmtree(job_dir(output_dir, job_id), ignore_errors=True)
+    """Remove a job's directory, its runs' directories and everything in them (missing: fine)."""
+    final = job_dir(output_dir, job_id)
+    shutil.rmtree(final, ignore_errors=True)
+    for run in final.parent.glob(f".{job_id}.*"):
+        shutil.rmtree(run, ignore_errors=True)
 
 
 _INPUTS_DIR = re.compile(r"in-[0-9a-f]{32}")
@@ -153,8 +173,11 @@ class JobRunner:
         *,
         workers: int = 1,
         ttl_s: float = 86400.0,
+        lease_s: float = LEASE_S,
         item: WriteItem | None = None,
     ) -> None:
+        if not lease_s > 4 * POLL_S:
+            raise ValueError(f"a job lease must be over {4 * POLL_S:g} s, not {lease_s!r}")
         self.store = store
         self.output_dir = output_dir
         self._execute = execute
@@ -162,19 +185,24 @@ class JobRunner:
         self._error_json = error_json
         self.workers = workers
         self.ttl_s = ttl_s
+        self.lease_s = lease_s
         self._item = item
         self._tasks: list[asyncio.Task[None]] = []
 
     async def start(self) -> None:
         """Requeue what a stopped process left running, then start the workers."""
-        recovered = await asyncio.to_thread(self.store.recover, MAX_ATTEMPTS)
-        for job in recovered:
-            logger.info("job %s recovered as %s", job.job_id, job.status)
+        await self._recover()
         self._tasks = [
             asyncio.create_task(self._worker(), name=f"geoserve-job-{i}")
             for i in range(self.workers)
         ]
         self._tasks.append(asyncio.create_task(self._expirer(), name="geoserve-job-expiry"))
+        self._tasks.append(asyncio.create_task(self._recoverer(), name="geoserve-job-recovery"))
+
+    async def _recover(self) -> None:
+        recovered = await asyncio.to_thread(self.store.recover, MAX_ATTEMPTS, self.lease_s)
+        for job in recovered:
+            logger.info("job %s recovered as %s (its worker stopped)", job.job_id, job.status)
 
     async def stop(self) -> None:
         """Stop the workers; a job they were running stays ``running`` until the next start."""
@@ -209,10 +237,20 @@ class JobRunner:
                 await self.run_job(job)
             except asyncio.CancelledError:
                 raise
-            except JobStoreError as exc:  # (it stays running in the store: re-run at next start)
+            except JobStoreError as exc:  # (it stays running in the store: re-run after its lease)
                 logger.error("job %s: its end was not recorded: %s", job.job_id, exc)
             except Exception:  # (run_job records failures; this guards its own bugs)
                 logger.exception("job %s: the runner failed", job.job_id)
+
+    async def _recoverer(self) -> None:
+        while True:
+            await asyncio.sleep(self.lease_s / 2)
+            try:
+                await self._recover()
+            except JobStoreError as exc:
+                logger.error("recovering jobs failed: %s", exc)
+            except Exception:
+                logger.exception("recovering jobs failed")
 
     async def _expirer(self) -> None:
         while True:
@@ -240,7 +278,7 @@ class JobRunner:
                     remove_inputs(self.output_dir, job)
 
     async def _run_job(self, job: Job) -> None:
-        directory = job_dir(self.output_dir, job.job_id)
+        directory = attempt_dir(self.output_dir, job)
         try:
             stored = {k: v for k, v in job.spec.items() if k not in JOB_KEYS}
             names = job.spec.get("job_names")
@@ -252,37 +290,83 @@ class JobRunner:
                 spec, request_id=job.job_id, priority=JOB_PRIORITY + max(0, spec.priority)
             )
         except (GeoServeError, OSError) as exc:
-            await asyncio.to_thread(self.store.fail, job.job_id, self._error_json(exc))
+            await self._fail(job, exc)
             return
-        # a re-run (after a stop mid-job) starts from an empty directory: nothing half-written
+        # a run starts from an empty directory of its own: nothing half-written, nobody else's
         shutil.rmtree(directory, ignore_errors=True)
         directory.mkdir(parents=True, exist_ok=True)
         task = asyncio.create_task(self._execute(spec, directory))
         mine, total = await self._watch(job, task)
-        if not mine:  # dismissed: drop its work in the engine and what it wrote
+        if not mine:  # dismissed or taken over: drop its work in the engine
             task.cancel()
             with contextlib.suppress(BaseException):
                 await task
-            remove_job_dir(self.output_dir, job.job_id)
+            await self._let_go(job, directory)
             return
         try:
             result = task.result()
             if result.error is not None:
                 raise result.error
-        except Exception as exc:
-            await asyncio.to_thread(self.store.fail, job.job_id, self._error_json(exc))
-            self._remove_outputs(directory)
+        except Exception as exc:  # (a failed job keeps no partial outputs)
+            if not await self._fail(job, exc):
+                await self._let_go(job, directory)
+            shutil.rmtree(directory, ignore_errors=True)
             return
         results: dict[str, Any] = {"outputs": self.describe(result, directory)}
         if self._item is not None:
+            write = asyncio.create_task(
+                asyncio.to_thread(self._item, job, result, directory)
+            )  # (hashing large outputs may take longer than a lease: reported meanwhile)
+            mine, _ = await self._watch(job, write)
+            if not mine:
+                await self._let_go(job, directory)
+                return
             try:
-                results["item"] = await asyncio.to_thread(self._item, job, result, directory)
+                results["item"] = write.result()
             except Exception:  # (the outputs stand without their description)
                 logger.exception("job %s: writing its STAC Item failed", job.job_id)
         total = total or result.num_patches
         done = f"{total}/{total} patches"
-        if not await asyncio.to_thread(self.store.finish, job.job_id, results, done):
-            remove_job_dir(self.output_dir, job.job_id)
+        if not await asyncio.to_thread(self._publish, job, directory):
+            await self._let_go(job, directory)
+            return
+        finish = self.store.finish
+        if not await asyncio.to_thread(finish, job.job_id, results, done, attempt=job.attempts):
+            await self._let_go(job, directory)
+
+    def _publish(self, job: Job, directory: Path) -> bool:
+        """Move a run's directory to the job's, if the run still holds its claim (whether so)."""
+        if not self.store.progress(job.job_id, 99, None, attempt=job.attempts):
+            return False
+        final = job_dir(self.output_dir, job.job_id)
+        shutil.rmtree(final, ignore_errors=True)
+        directory.rename(final)
+        return True
+
+    async def _fail(self, job: Job, exc: BaseException) -> bool:
+        """Record ``job`` (this worker's claim of it) as failed with ``exc``; whether it was."""
+        error = self._error_json(exc)
+        return await asyncio.to_thread(self.store.fail, job.job_id, error, attempt=job.attempts)
+
+    async def _let_go(self, job: Job, directory: Path) -> None:
+        """The job is no longer this run's: remove what the run wrote (``directory``).
+
+        The job's own files go too when it was dismissed or removed; a job queued or claimed
+        again (this worker's lease ran out) keeps them for the worker that runs it now.
+        """
+        shutil.rmtree(directory, ignore_errors=True)
+        try:
+            current = await asyncio.to_thread(self.store.get, job.job_id)
+        except NotFoundError:
+            current = None
+        if current is not None and not current.is_final:
+            logger.warning(
+                "job %s: taken over by another worker (attempt %d); this one stops",
+                job.job_id,
+                current.attempts,
+            )
+            return
+        remove_job_dir(self.output_dir, job.job_id)
 
     async def _watch(self, job: Job, task: asyncio.Task[Any]) -> tuple[bool, int]:
         """Record ``task``'s progress until it ends or the job is no longer the worker's.
@@ -300,7 +384,11 @@ class JobRunner:
             total = counted[1] if counted else total
             try:
                 mine = await asyncio.to_thread(
-                    self.store.progress, job.job_id, min(percent, 99), message
+                    self.store.progress,
+                    job.job_id,
+                    min(percent, 99),
+                    message,
+                    attempt=job.attempts,
                 )
             except JobStoreError as exc:  # the job runs on; its end is recorded if it can be
                 if not warned:
@@ -325,9 +413,3 @@ class JobRunner:
             if sidecar.is_file():  # a class map's class names (GIS tools read them there)
                 outputs[kind]["sidecar"] = sidecar.name
         return outputs
-
-    @staticmethod
-    def _remove_outputs(directory: Path) -> None:
-        """A failed job keeps no partial outputs (its input files stay, for the record)."""
-        for path in directory.glob("out*"):
-            path.unlink(missing_ok=True)

@@ -38,6 +38,7 @@ from geoserve.jobs.store import (
     JobList,
     JobStore,
     JSONObject,
+    checked_attempt,
     checked_job_id,
     checked_message,
     checked_names,
@@ -45,6 +46,7 @@ from geoserve.jobs.store import (
     checked_page,
     checked_percent,
     checked_process_id,
+    checked_seconds,
     checked_statuses,
     dump_object,
     error_message,
@@ -104,6 +106,12 @@ class Tx:
 
 def _utc_now() -> datetime:
     return datetime.now(timezone.utc)
+
+
+def _claim(attempt: int | None) -> tuple[str, tuple[object, ...]]:
+    """The condition (and its parameter) that a job is still at the worker's ``attempt``."""
+    attempt = checked_attempt(attempt)
+    return ("", ()) if attempt is None else (" AND attempts = ?", (attempt,))
 
 
 def _in(column: str, values: tuple[str, ...]) -> str:
@@ -326,40 +334,52 @@ class SqlJobStore(JobStore):
             )
         return jobs[0] if jobs else None
 
-    def progress(self, job_id: str, percent: int, message: str | None = None) -> bool:
+    def progress(
+        self, job_id: str, percent: int, message: str | None = None, *, attempt: int | None = None
+    ) -> bool:
         """See :meth:`JobStore.progress`."""
         job_id, percent = checked_job_id(job_id), checked_percent(percent)
-        message = checked_message(message)
+        message, (claim, claimed) = checked_message(message), _claim(attempt)
         with self._tx(write=True) as tx:
             changed = tx.run(
                 f"UPDATE {_TABLE} SET progress = CASE WHEN progress < ? THEN ? ELSE progress END,"
-                " message = COALESCE(?, message), updated = ? WHERE job_id = ? AND status = ?",
-                (percent, percent, message, self.time_param(self._now()), job_id, RUNNING),
+                f" message = COALESCE(?, message), updated = ? WHERE job_id = ? AND status = ?"
+                f"{claim}",
+                (percent, percent, message, self.time_param(self._now()), job_id, RUNNING)
+                + claimed,
             )
         return changed > 0
 
-    def finish(self, job_id: str, results: JSONObject, message: str | None = None) -> bool:
+    def finish(
+        self,
+        job_id: str,
+        results: JSONObject,
+        message: str | None = None,
+        *,
+        attempt: int | None = None,
+    ) -> bool:
         """See :meth:`JobStore.finish`."""
         job_id, text = checked_job_id(job_id), dump_object(results, "results")
-        message = checked_message(message)
+        message, (claim, claimed) = checked_message(message), _claim(attempt)
         now = self.time_param(self._now())
         with self._tx(write=True) as tx:
             changed = tx.run(
                 f"UPDATE {_TABLE} SET status = ?, results = ?, progress = 100, message = ?,"
-                " finished = ?, updated = ? WHERE job_id = ? AND status = ?",
-                (SUCCESSFUL, text, message or "finished", now, now, job_id, RUNNING),
+                f" finished = ?, updated = ? WHERE job_id = ? AND status = ?{claim}",
+                (SUCCESSFUL, text, message or "finished", now, now, job_id, RUNNING) + claimed,
             )
         return changed > 0
 
-    def fail(self, job_id: str, error: JSONObject) -> bool:
+    def fail(self, job_id: str, error: JSONObject, *, attempt: int | None = None) -> bool:
         """See :meth:`JobStore.fail`."""
         job_id, text = checked_job_id(job_id), dump_object(error, "error")
+        claim, claimed = _claim(attempt)
         now = self.time_param(self._now())
         with self._tx(write=True) as tx:
             changed = tx.run(
                 f"UPDATE {_TABLE} SET status = ?, error = ?, message = ?, finished = ?,"
-                " updated = ? WHERE job_id = ? AND status IN (?, ?)",
-                (FAILED, text, error_message(error), now, now, job_id, ACCEPTED, RUNNING),
+                f" updated = ? WHERE job_id = ? AND status IN (?, ?){claim}",
+                (FAILED, text, error_message(error), now, now, job_id, ACCEPTED, RUNNING) + claimed,
             )
         return changed > 0
 
@@ -376,17 +396,25 @@ class SqlJobStore(JobStore):
             )
         return jobs[0] if jobs else self.get(job_id)
 
-    def recover(self, max_attempts: int) -> JobList:
+    def recover(self, max_attempts: int, stale_after_s: float | None = None) -> JobList:
         """See :meth:`JobStore.recover`."""
         if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
             raise InputError(f"max_attempts must be a whole number >= 1, not {max_attempts!r}")
+        stale = "" if stale_after_s is None else " AND updated < ?"
+        found: tuple[object, ...] = (RUNNING,)
+        if stale_after_s is not None:
+            seconds = checked_seconds(stale_after_s, "stale_after_s")
+            try:
+                found += (self.time_param(self._now() - timedelta(seconds=seconds)),)
+            except OverflowError:  # a lease longer than the calendar: no worker is that late
+                return []
         now = self.time_param(self._now())
         recovered: JobList = []
         with self._tx(write=True) as tx:
             running = tx.rows(
-                f"SELECT job_id, attempts FROM {_TABLE} WHERE status = ? ORDER BY seq"
+                f"SELECT job_id, attempts FROM {_TABLE} WHERE status = ?{stale} ORDER BY seq"
                 f"{self.row_lock}",
-                (RUNNING,),
+                found,
             )
             for job_id, attempts in running:
                 if attempts >= max_attempts:
@@ -403,8 +431,7 @@ class SqlJobStore(JobStore):
 
     def expire(self, ttl_s: float) -> JobList:
         """See :meth:`JobStore.expire`."""
-        if isinstance(ttl_s, bool) or not isinstance(ttl_s, (int, float)) or not ttl_s >= 0:
-            raise InputError(f"a job time to live must be a number of seconds >= 0, not {ttl_s!r}")
+        ttl_s = checked_seconds(ttl_s, "a job time to live")
         try:
             cutoff = self.time_param(self._now() - timedelta(seconds=ttl_s))
         except OverflowError:  # a time to live longer than the calendar: nothing is that old

@@ -15,12 +15,18 @@ How a job moves, and what the store does with a move that makes no sense:
 - ``progress``, ``finish`` and ``fail`` come from the worker running the job. They change only
   a ``running`` job (``fail`` also an ``accepted`` one) and answer whether they did: ``False``
   means the job is no longer the worker's (dismissed meanwhile, already finished, or gone), so
-  the worker stops and removes what it wrote. Progress never goes down.
+  the worker stops and removes what it wrote. Progress never goes down. A worker names its
+  claim (``attempt=``, the job's ``attempts`` when it claimed it): once the job has been
+  requeued and claimed again, the earlier worker's reports change nothing.
+- A running job's ``updated`` time is its worker's heartbeat: ``progress`` sets it even when
+  nothing else changes, and the runner reports every half second.
 - ``dismiss`` ends any job: a queued or running one is cancelled, a finished one is marked so
   that its results are no longer served. A dismissed job keeps its ``results`` and ``error`` as
   they were, so the caller can delete the files they name. Dismissing twice changes nothing.
-- ``recover``, at start-up, puts every ``running`` job (left by a process that stopped without
-  finishing it) back in the queue, or fails it once it has started ``max_attempts`` times.
+- ``recover`` puts the ``running`` jobs whose worker is gone (no report for ``stale_after_s``
+  seconds: its process stopped without finishing them) back in the queue, or fails one once
+  it has started ``max_attempts`` times. Without ``stale_after_s`` every running job is taken
+  to be abandoned (one process alone on its store, at start-up).
 - ``expire`` removes finished (``successful``, ``failed``, ``dismissed``) jobs older than a
   time to live and returns them, so the caller deletes their files.
 
@@ -176,6 +182,22 @@ def checked_percent(percent: object) -> int:
     return percent
 
 
+def checked_attempt(attempt: object) -> int | None:
+    """A worker's claim: ``None`` (any) or the job's ``attempts`` when it claimed it (>= 1)."""
+    if attempt is not None and (
+        isinstance(attempt, bool) or not isinstance(attempt, int) or attempt < 1
+    ):
+        raise InputError(f"a job attempt must be None or a whole number >= 1, not {attempt!r}")
+    return attempt
+
+
+def checked_seconds(value: object, what: str) -> float:
+    """A span of seconds (0 or more, finite or not), checked; ``what`` names it in the error."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+        raise InputError(f"{what} must be a number of seconds >= 0, not {value!r}")
+    return float(value)
+
+
 def checked_message(message: object) -> str | None:
     """A status message: ``None`` (keep the one there is) or text, cut to 1000 characters."""
     if message is not None and not isinstance(message, str):
@@ -250,26 +272,36 @@ class JobStore(ABC):
         """The oldest ``accepted`` job, now ``running``; ``None`` when none is queued."""
 
     @abstractmethod
-    def progress(self, job_id: str, percent: int, message: str | None = None) -> bool:
-        """Record a running job's progress (kept if lower than before) and message.
+    def progress(
+        self, job_id: str, percent: int, message: str | None = None, *, attempt: int | None = None
+    ) -> bool:
+        """Record a running job's progress (kept if lower than before), message and heartbeat.
 
-        ``False`` when the job is not running (dismissed, finished, requeued or gone): nothing
-        changed and the worker should stop.
+        ``False`` when the job is not running (dismissed, finished, requeued or gone), or, with
+        ``attempt``, no longer running that attempt: nothing changed and the worker should stop.
         """
 
     @abstractmethod
-    def finish(self, job_id: str, results: JSONObject, message: str | None = None) -> bool:
+    def finish(
+        self,
+        job_id: str,
+        results: JSONObject,
+        message: str | None = None,
+        *,
+        attempt: int | None = None,
+    ) -> bool:
         """Make a running job ``successful`` with ``results`` (progress 100).
 
-        ``False`` when the job is not running: nothing changed, and the caller removes what
-        ``results`` names.
+        ``False`` when the job is not running (or, with ``attempt``, not running that attempt):
+        nothing changed.
         """
 
     @abstractmethod
-    def fail(self, job_id: str, error: JSONObject) -> bool:
+    def fail(self, job_id: str, error: JSONObject, *, attempt: int | None = None) -> bool:
         """Make an accepted or running job ``failed`` with ``error`` (an OGC exception body).
 
-        ``False`` when the job had already ended or is gone: nothing changed.
+        ``False`` when the job had already ended or is gone (or, with ``attempt``, is no
+        longer at that attempt): nothing changed.
         """
 
     @abstractmethod
@@ -277,12 +309,14 @@ class JobStore(ABC):
         """End the job as ``dismissed`` (whatever its status) and return it."""
 
     @abstractmethod
-    def recover(self, max_attempts: int) -> JobList:
+    def recover(self, max_attempts: int, stale_after_s: float | None = None) -> JobList:
         """Requeue the ``running`` jobs a stopped process left, and return them as they are now.
 
         A job that has already started ``max_attempts`` times is ``failed`` instead (it may be
-        what stopped the process). Meant for start-up, before any worker of this store runs:
-        every ``running`` job is taken to be abandoned.
+        what stopped the process). With ``stale_after_s``, only the jobs not reported on for
+        that many seconds count as left (their worker's lease ran out), so any number of live
+        processes may share the store and recover; without it, every ``running`` job does (for
+        a process alone on its store, before its workers start).
         """
 
     @abstractmethod

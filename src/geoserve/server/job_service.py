@@ -97,12 +97,13 @@ class JobService:
             ogc_exception,
             workers=self.settings.job_workers,
             ttl_s=self.settings.job_ttl_s,
+            lease_s=self.settings.job_lease_s,
             item=item,
         )
         await self.runner.start()
 
     async def close(self) -> None:
-        """Stop the runner (jobs it ran stay ``running``, re-run at the next start) and store."""
+        """Stop the runner and the store (running jobs are re-run once their lease runs out)."""
         if self.runner is not None:
             await self.runner.stop()
         if self.store is not None:

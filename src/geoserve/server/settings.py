@@ -97,6 +97,10 @@ class ServerFields(BaseModel):
     """A finished job and its outputs are removed this long after it finished."""
     max_jobs: int = Field(1000, ge=1)
     """Most jobs queued and running at once; beyond it submissions get 503 with Retry-After."""
+    job_lease_s: float = Field(30.0, ge=3)
+    """A running job whose server has not reported on it for this long (servers report every
+    half second) is taken to be abandoned, its server stopped: any server on the same job store
+    queues it again. Servers sharing a store need the same --output-dir."""
     job_workers: int = Field(1, ge=1)
     """Jobs run at once (each at a lower priority than interactive requests)."""
     max_inline_mb: float = Field(8.0, gt=0)
