@@ -35,6 +35,8 @@ if TYPE_CHECKING:  # (the redundant aliases mark them as re-exported)
     from geoserve.schemas import ImageRequestOutput as ImageRequestOutput
     from geoserve.schemas import StageTimings as StageTimings
     from geoserve.schemas import TensorRequestOutput as TensorRequestOutput
+    from geoserve.stac_query import StacSearch as StacSearch
+    from geoserve.stac_query import stac_search as stac_search
 
 __version__ = "0.1.0"
 
@@ -58,6 +60,8 @@ _HOMES = {
     "ImageRequestOutput": "geoserve.schemas",
     "StageTimings": "geoserve.schemas",
     "TensorRequestOutput": "geoserve.schemas",
+    "StacSearch": "geoserve.stac_query",
+    "stac_search": "geoserve.stac_query",
 }
 
 __all__ = sorted([*_HOMES, "__version__"])

@@ -86,6 +86,14 @@ def cmd_info(args: argparse.Namespace, parser: argparse.ArgumentParser | None = 
 
     modalities: list[tuple[str, str]] = getattr(args, "modalities", None) or []
     inputs = list(args.inputs)
+    if getattr(args, "stac", None) is not None:
+        from geoserve.cli.parser import DEFAULT_MODEL
+        from geoserve.cli.stac_search import search_of, show_search
+
+        assert parser is not None
+        search = search_of(args, parser)
+        assert search is not None
+        return show_search(search, args.model or DEFAULT_MODEL)
     if modalities and inputs or not (modalities or inputs):
         why = "give a file (IN), or modalities (-i NAME=SOURCE ...)"
         if modalities:

@@ -14,6 +14,7 @@ from typing import Any
 from geoserve.cli.configured import add_configured_flags
 from geoserve.cli.multimodal import modality_input
 from geoserve.cli.options import add_model_flags
+from geoserve.cli.stac_search import add_stac_flags
 from geoserve.config import EngineConfig
 from geoserve.seeds import SEED_RANGE, is_seed
 
@@ -214,6 +215,7 @@ def build_parser() -> argparse.ArgumentParser:
         "beside them, or --stac-item=PATH for a single input (docs/outputs.md)",
     )
     p.add_argument("-q", "--quiet", action="store_true", help="print errors only")
+    add_stac_flags(p, "one request, instead of IN files")
     add_configured_flags(p, config_file=True)
     _debug(p)
 
@@ -255,6 +257,7 @@ def build_parser() -> argparse.ArgumentParser:
         "them (as -i does)",
     )
     _modality_flag(i, "one request: each one's grid, and how the model's grid takes it")
+    add_stac_flags(i, "the Items found and what the model would read; no pixels")
     i.add_argument(
         "-m",
         "--model",

@@ -73,7 +73,10 @@ def _interrupt(signum: int, frame: Any) -> None:
 def cmd_predict(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """``geoserve predict``: every input through the model; 1 if any failed."""
     signal.signal(signal.SIGTERM, _interrupt)
-    request = _modality_request(args, parser)
+    from geoserve.cli.stac_search import search_of
+
+    search = search_of(args, parser)
+    request = _modality_request(args, parser) if search is None else None
     from_file = read_options(args.config, known_keys(EngineConfig))
     if args.server is not None:  # the same requests as jobs of a geoserve server
         from geoserve.cli.remote import predict_remote
@@ -85,7 +88,9 @@ def cmd_predict(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
     if args.ray:
         return _predict_on_ray(args, config)
     labelled = sources_of(request) if request else [(None, name) for name in args.inputs]
-    bad = unreadable_inputs(labelled, config.allowed_formats)
+    bad = unreadable_inputs(labelled, config.allowed_formats) if search is None else set()
+    if search is not None:
+        args.inputs = [search]  # (one request: the search, run when it is opened)
     if bad and request is not None:
         return 1  # one request: it cannot run without all its modalities
     if bad and (args.time_series or len(bad) == len(args.inputs)):
@@ -95,7 +100,7 @@ def cmd_predict(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
     with _notice(f"loading model {args.model}…", quiet=args.quiet):
         from geoserve.engine import Engine, resolve_model  # (torch's import: most of the wait)
 
-        if request is None:  # (a dict request's modalities and dates: the processor checks)
+        if request is None and search is None:  # (a dict's, a search's: checked on open)
             _check_layout(args, resolve_model(args.model)[1].num_frames)  # before weights load
         engine = Engine(args.model, config)
     with engine:  # Ctrl-C closes it: unfinished outputs are removed, never left partial

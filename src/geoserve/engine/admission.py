@@ -26,7 +26,7 @@ from geoserve.engine.limits import check_request, warn_if_disk_short
 from geoserve.engine.products import Product, product_sink
 from geoserve.engine.request import Request
 from geoserve.engine.request_spec import RequestSpec
-from geoserve.engine.stac_inputs import StacPlan, stac_processor
+from geoserve.engine.stac_inputs import StacPlan, open_search, stac_processor
 from geoserve.engine.tensor_request import tensor_patcher, tensor_spec
 from geoserve.errors import BandMismatchError, ConfigError, GeoServeError, prefixed
 from geoserve.processors.base import InputProcessor, OutputProcessor, RasterContext
@@ -37,6 +37,7 @@ from geoserve.raster.source import DataFormat, RasterLike, RasterSource, open_ra
 from geoserve.raster.stac_item import is_stac_input
 from geoserve.registry import ModelSpec
 from geoserve.schemas import TOKEN_KINDS
+from geoserve.stac_query import StacSearch
 
 if TYPE_CHECKING:
     import torch
@@ -170,7 +171,11 @@ class Admission:
         sinks: list[OutputSink] = []
         try:
             proc = stac_processor(proc, inputs, spec.data_format)
-            sources, ctx = self._plan(proc, inputs, spec.data_format, spec.dates, opened)
+            dates = spec.dates
+            if not isinstance(inputs, Mapping) and any(isinstance(x, StacSearch) for x in inputs):
+                kw = {"threads": self.read_workers, "formats": self.config.allowed_formats}
+                inputs, dates = open_search(proc, inputs, kw), None  # (its dates: the days read)
+            sources, ctx = self._plan(proc, inputs, spec.data_format, dates, opened)
             ctx = self._with_generation(ctx, spec.generation)
             kinds = [getattr(p, "kind", "raw") for p in procs]
             if set(kinds) & set(TOKEN_KINDS) and self.spec.token_size:

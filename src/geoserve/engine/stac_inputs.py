@@ -12,6 +12,10 @@ request's input processor reads (:func:`geoserve.raster.stac_stack.open_item`):
 A processor that selects bands by position and declares their roles (``demo-water``:
 ``BLUE`` ... ``SWIR_2``) reads an Item by those roles: for the request it selects them by
 name (:func:`stac_processor`).
+
+A STAC search (:class:`~geoserve.stac_query.StacSearch`, the request's one input) is run when
+the request is opened, for the processor's bands and dates (:func:`open_search`): it becomes
+the cube of the scenes found (:mod:`geoserve.raster.stac_mosaic`), one input per date.
 """
 
 from __future__ import annotations
@@ -20,11 +24,39 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from geoserve.errors import GeoServeError, prefixed
+from geoserve.errors import GeoServeError, InputError, prefixed
 from geoserve.processors.base import InputProcessor
 from geoserve.raster.source import DataFormat, RasterLike, RasterSource, open_raster
 from geoserve.raster.stac_item import StacItem, is_stac_input
 from geoserve.raster.stac_stack import open_item, roles_for, wanted_bands
+from geoserve.stac_query import StacSearch
+
+
+def open_search(
+    proc: InputProcessor, inputs: Sequence[RasterLike], kw: Mapping[str, Any]
+) -> list[RasterLike]:
+    """A request whose input is a STAC search: the search run, its cube one input per date.
+
+    Other requests' inputs are returned as they are. ``kw``: :func:`open_raster`'s keywords
+    for each file the search's Items name.
+
+    Raises:
+        InputError: a search among other inputs, or one that finds nothing to read (naming
+            the search); BandMismatchError: a band the Items lack.
+    """
+    searches = [x for x in inputs if isinstance(x, StacSearch)]
+    if not searches:
+        return list(inputs)
+    if len(inputs) != 1:
+        raise InputError(f"{searches[0].name}: a STAC search is a request's only input")
+    from geoserve.raster.cube import cube_rasters
+    from geoserve.raster.stac_mosaic import search_cube
+
+    def opener(href: str) -> RasterSource:
+        return open_raster(href, "url", **kw)
+
+    cube = search_cube(searches[0], proc.band_selectors(), max(1, proc.num_frames), opener)
+    return list(cube_rasters(cube))
 
 
 @dataclass(frozen=True)
@@ -82,7 +114,9 @@ def stac_processor(
     if (
         roles is not None
         and roles_for(proc.band_selectors(), roles)
-        and any(is_stac_input(x, data_format, sniff=False) for x in flat)
+        and any(
+            isinstance(x, StacSearch) or is_stac_input(x, data_format, sniff=False) for x in flat
+        )
     ):
         return proc.replace(bands=tuple(roles), band_roles=tuple(roles))
     return proc

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from geoserve.errors import InputError
-from geoserve.raster.input_values import RasterArray
+from geoserve.raster.input_values import CARRIED_TAGS, RasterArray
 
 #: The dims a DataArray input may have besides its spatial ones.
 BAND_DIM, TIME_DIM = "band", "time"
@@ -97,6 +97,9 @@ def cube_rasters(da: Any) -> list[RasterArray]:
     except Exception as exc:  # (coords that are not a regular grid, say)
         raise InputError(f"{name}: cannot read its CRS and transform ({exc})") from None
     profile: dict[str, Any] = {"crs": crs, "transform": transform}
+    carried = da.attrs.get(CARRIED_TAGS)
+    if isinstance(carried, dict):
+        profile[CARRIED_TAGS] = {str(k): str(v) for k, v in carried.items()}
     if nodata is not None:
         profile["nodata"] = float(nodata)
     order = [d for d in (BAND_DIM, y_dim, x_dim) if d in da.dims]

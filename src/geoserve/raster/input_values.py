@@ -38,6 +38,10 @@ class SliceableArray(Protocol):
         """A slice of it, which ``np.asarray`` turns into numpy."""
 
 
+#: The profile key (and DataArray attribute) of the tags an input's outputs carry.
+CARRIED_TAGS = "geoserve_carried_tags"
+
+
 @dataclass(frozen=True)
 class RasterArray:
     """An in-memory or lazy raster: ``data`` (bands, height, width), ``profile`` as rasterio's.
@@ -47,7 +51,9 @@ class RasterArray:
     read converts only the slice it needs. The profile may hold ``crs``, ``transform``,
     ``nodata``, ``descriptions`` (band names) and ``tags`` (a dict of metadata, such as
     ``{"ACQUISITION_DATE": "2020-06-01"}``); missing keys
-    mean "not georeferenced" / "no nodata" / "unnamed bands" / "no tags".
+    mean "not georeferenced" / "no nodata" / "unnamed bands" / "no tags". Under
+    :data:`CARRIED_TAGS`, tags every GeoTIFF output of the request carries (where the input
+    came from: a STAC search's Items).
     """
 
     data: NDArray[Any] | SliceableArray

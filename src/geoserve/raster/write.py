@@ -29,6 +29,7 @@ from rasterio.windows import Window
 from geoserve.errors import OutputSpaceError, OutputWriteError
 from geoserve.raster import tempfiles
 from geoserve.raster.codecs import DEFAULT_CODEC, Codec
+from geoserve.raster.input_values import CARRIED_TAGS
 
 #: Internal tile size of written GeoTIFFs (a multiple of 16, as TIFF tiling requires).
 BLOCK_SIZE = 256
@@ -148,8 +149,9 @@ class RowWriter:
             self._dst.set_band_description(i, desc)
         if out.colormap is not None:
             self._dst.write_colormap(1, dict(out.colormap))
-        if out.tags:
-            self._dst.update_tags(**out.tags)
+        carried = self._source_profile.get(CARRIED_TAGS) or {}
+        if out.tags or carried:
+            self._dst.update_tags(**{**carried, **out.tags})
         self._meta = out
 
     def _new_tmp(self, target: Path | None = None) -> Path:
