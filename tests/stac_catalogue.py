@@ -218,3 +218,35 @@ def stac_api(items: list[dict[str, Any]], directory: Path) -> Iterator[str]:
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+class Catalogue:
+    """A served catalogue: its API's URL, the band files' directory, the Items."""
+
+    def __init__(self, url: str, root: Path, items: list[dict[str, Any]]) -> None:
+        self.url, self.root, self.items = url, root, items
+
+    def search(self, **kw: Any) -> Any:
+        """A search of :data:`BBOX` (by default from 2024-05-25 to 2024-06-20)."""
+        from geoserve.stac_query import stac_search
+
+        when = kw.pop("datetime", "2024-05-25/2024-06-20")
+        return stac_search(self.url, COLLECTION, BBOX, when, **kw)
+
+    def body(self, **kw: Any) -> dict[str, Any]:
+        """The search as a request body's ``stac`` object."""
+        return {k: v for k, v in self.search(**kw).to_json().items() if v is not None}
+
+
+@contextlib.contextmanager
+def served_catalogue(root: Path, host: str = "127.0.0.1") -> Iterator[Catalogue]:
+    """The catalogue under ``root``: band files on a range server (hrefs naming ``host``),
+    Items in a real STAC API."""
+    from tests.conftest import serve_ranges
+
+    with serve_ranges(root) as (base, _log):
+        items = write_catalogue(root, base.replace("127.0.0.1", host))
+        api = root / "api"
+        api.mkdir(exist_ok=True)
+        with stac_api(items, api) as url:
+            yield Catalogue(url, root, items)

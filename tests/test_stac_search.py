@@ -26,33 +26,23 @@ from geoserve.errors import ForbiddenInputError, InputError
 from geoserve.raster.stac_mosaic import CLOUD_CLASSES, plan_search
 from geoserve.stac_query import StacSearch, stac_search
 from tests.cli_process import run_in_process as run_cli
-from tests.conftest import serve_ranges
-from tests.stac_catalogue import BBOX, COLLECTION, DAYS, scenes, stac_api, write_catalogue
+from tests.stac_catalogue import (
+    BBOX,
+    COLLECTION,
+    DAYS,
+    Catalogue,
+    scenes,
+    served_catalogue,
+    stac_api,
+)
 
 pytest.importorskip("odc.stac")  # (the stac extra, which ./scripts/setup.sh installs)
 
 
-class Catalogue:
-    """The served catalogue: its API's URL, the band files' directory, the Items."""
-
-    def __init__(self, url: str, root: Path, items: list[dict[str, Any]]) -> None:
-        self.url, self.root, self.items = url, root, items
-
-    def search(self, **kw: Any) -> StacSearch:
-        return stac_search(
-            self.url, COLLECTION, BBOX, kw.pop("datetime", "2024-05-25/2024-06-20"), **kw
-        )
-
-
 @pytest.fixture(scope="module")
 def catalogue(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Catalogue]:
-    root = tmp_path_factory.mktemp("stac")
-    with serve_ranges(root) as (base, _log):
-        items = write_catalogue(root, base)
-        api = root / "api"
-        api.mkdir()
-        with stac_api(items, api) as url:
-            yield Catalogue(url, root, items)
+    with served_catalogue(tmp_path_factory.mktemp("stac")) as served:
+        yield served
 
 
 def _grid(out: Any) -> tuple[Affine, Any, tuple[int, int]]:

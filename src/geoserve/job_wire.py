@@ -38,6 +38,7 @@ from geoserve.errors import (
     UntrustedAnswerError,
 )
 from geoserve.jobs.store import FINAL_STATUSES, STATUSES, is_job_id
+from geoserve.stac_query import StacSearch
 
 #: A file name a download may be written under: no path, no leading dot, no encoding.
 FILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
@@ -45,7 +46,7 @@ FILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 _PATCHES = re.compile(r"(\d+)/(\d+) patches")
 
 #: A job's inputs: a file (or URL), a list (the dates of one place), or modality -> file(s).
-JobInputs = str | os.PathLike[str] | bytes | Sequence[Any] | Mapping[str, Any]
+JobInputs = str | os.PathLike[str] | bytes | StacSearch | Sequence[Any] | Mapping[str, Any]
 
 
 @dataclass(frozen=True)
@@ -284,6 +285,13 @@ def job_request(
         InputError: inputs of mixed kinds (URLs and files), none, a local STAC Item, or dates
             with uploaded modalities; RasterReadError: a local file that cannot be opened.
     """
+    if isinstance(inputs, StacSearch):  # run by the server, at its catalogue
+        search = {k: v for k, v in inputs.to_json().items() if v is not None}
+        asked: dict[str, Any] = {"stac": search, "options": options, "priority": priority}
+        if model is not None:
+            asked["model"] = model
+        yield {"json": asked}
+        return
     kind = _kind_of(_leaves(inputs), server_paths)
     if kind != "upload":
         body: dict[str, Any] = {"data": _texts(inputs), "data_format": kind, "options": options}

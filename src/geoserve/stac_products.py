@@ -109,6 +109,8 @@ class Product:
     grid: Grid | None = None
     bands: tuple[Band, ...] = ()
     extent: tuple[float, float, float, float] | None = None
+    sources: tuple[str, ...] = ()
+    """The STAC Items a raster was made from (a STAC search's: its ``STAC_ITEM_HREFS`` tag)."""
 
     @property
     def is_raster(self) -> bool:
@@ -145,9 +147,12 @@ def read_product(
             grid = Grid(ds.crs, ds.transform, ds.width, ds.height)
             bands = tuple(Band(t, ds.nodata) for t in ds.dtypes)
             cog = ds.tags(ns="IMAGE_STRUCTURE").get("LAYOUT") == "COG"
+            hrefs = ds.tags().get("STAC_ITEM_HREFS", "")
     except (OSError, RasterioError, ValueError) as exc:
         raise OutputWriteError(f"{where}: cannot be read back for its STAC Item ({exc})") from None
-    return Product(kind, output, COG if cog else GEOTIFF, size, digest, grid.crs, grid, bands)
+    sources = tuple(h for h in hrefs.split(",") if h.startswith(("http://", "https://")))
+    media = COG if cog else GEOTIFF
+    return Product(kind, output, media, size, digest, grid.crs, grid, bands, sources=sources)
 
 
 def footprint(

@@ -95,6 +95,18 @@ class StacSearch:
         if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_SEARCH_ITEMS:
             raise InputError(f"stac.max_items: 1..{MAX_SEARCH_ITEMS}, got {n!r:.40}")
 
+    def __str__(self) -> str:
+        """The search as a STAC API ``GET /search`` URL (how results name their input)."""
+        from urllib.parse import urlencode
+
+        query: dict[str, str] = {
+            "collections": ",".join(self.collections),
+            "bbox": ",".join(f"{v:g}" for v in self.bbox),
+        }
+        if self.datetime:
+            query["datetime"] = self.datetime
+        return f"{self.url.rstrip('/')}/search?{urlencode(query, safe=',/:')}"
+
     @property
     def name(self) -> str:
         """How messages name the search."""

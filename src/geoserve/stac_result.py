@@ -171,6 +171,8 @@ def result_item(
         item.add_asset(product.kind, asset)
         _describe(asset, product, model)
     _provenance(item, model, shown, opts, result, seconds, processed)
+    for href in dict.fromkeys(h for p in products for h in p.sources):
+        item.add_link(pystac.Link("derived_from", href, media_type="application/geo+json"))
     return item
 
 

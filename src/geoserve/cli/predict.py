@@ -77,6 +77,8 @@ def cmd_predict(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
 
     search = search_of(args, parser)
     request = _modality_request(args, parser) if search is None else None
+    if search is not None:
+        args.inputs = [search]  # (one request: the search, run where the model runs)
     from_file = read_options(args.config, known_keys(EngineConfig))
     if args.server is not None:  # the same requests as jobs of a geoserve server
         from geoserve.cli.remote import predict_remote
@@ -88,9 +90,7 @@ def cmd_predict(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
     if args.ray:
         return _predict_on_ray(args, config)
     labelled = sources_of(request) if request else [(None, name) for name in args.inputs]
-    bad = unreadable_inputs(labelled, config.allowed_formats) if search is None else set()
-    if search is not None:
-        args.inputs = [search]  # (one request: the search, run when it is opened)
+    bad = unreadable_inputs(labelled, config.allowed_formats)
     if bad and request is not None:
         return 1  # one request: it cannot run without all its modalities
     if bad and (args.time_series or len(bad) == len(args.inputs)):
@@ -190,7 +190,7 @@ def unreadable_inputs(inputs: Sequence[tuple[str | None, str]], formats: Sequenc
 
     bad = set()
     for modality, name in inputs:
-        if "://" in name or is_stac_input(name):
+        if not isinstance(name, str) or "://" in name or is_stac_input(name):
             continue  # a URL or a STAC Item is read, and reported, by its own request
         try:
             with warnings.catch_warnings():  # (its own request warns of it, once)

@@ -68,6 +68,8 @@ def search_of(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Stac
         parser.error("give input files or --stac URL, not both")
     if getattr(args, "time_series", False) or getattr(args, "ray", False):
         parser.error("--stac is one request: without --time-series or --ray")
+    if getattr(args, "dates", None) is not None:
+        parser.error("--dates: a search's dates are the days it reads (see geoserve info --stac)")
     if not args.collection or args.bbox is None:
         parser.error("--stac needs --collection ID and --bbox W,S,E,N")
     return StacSearch(

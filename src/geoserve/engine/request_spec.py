@@ -42,6 +42,7 @@ from geoserve.raster.dates import request_dates
 from geoserve.raster.source import DataFormat, RasterLike
 from geoserve.schemas import OUT_FORMATS, OutFormat
 from geoserve.seeds import SEED_RANGE, is_seed
+from geoserve.stac_query import StacSearch
 
 if TYPE_CHECKING:
     from geoserve.engine.batch import PatchKeys
@@ -50,7 +51,9 @@ if TYPE_CHECKING:
 
 #: One request's input: a raster, the dates of one place, or modalities by name (a dict whose
 #: values are a raster or a list of dates).
-ImageInput = RasterLike | Sequence[RasterLike] | Mapping[str, RasterLike | Sequence[RasterLike]]
+ImageInput = (
+    RasterLike | StacSearch | Sequence[RasterLike] | Mapping[str, RasterLike | Sequence[RasterLike]]
+)
 
 #: Most inputs (files, URLs) one request of modalities may name, all dates together, where
 #: they are counted before they are fetched (``RequestSpec.check(..., upfront=True)``).
@@ -99,7 +102,8 @@ class RequestSpec:
             a :class:`RasterWindow` or a :class:`RasterArray`), a list of rasters (the dates of
             one place), or a dict of modality name to one raster or a list of its dates. An
             ``xarray.DataArray`` (band, [time,] y, x) is one raster per date of its ``time``
-            dim (:mod:`geoserve.raster.cube`).
+            dim (:mod:`geoserve.raster.cube`). A :class:`~geoserve.stac_query.StacSearch` is
+            run when the request is opened: the cube of the scenes it finds.
         request_id: The request's id (None: the engine makes one).
         output_path: Where a ``path`` output goes (a file, the stem of several kinds' files, or
             a directory); None: the engine's output directory.

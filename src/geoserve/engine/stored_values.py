@@ -21,6 +21,7 @@ from rasterio.windows import Window
 from geoserve.errors import InputError
 from geoserve.raster.input_values import NamedBytes, RasterWindow
 from geoserve.raster.stac_item import StacItem, is_stac_input
+from geoserve.stac_query import StacSearch
 
 
 def dates_json(dates: Any) -> Any:
@@ -48,12 +49,14 @@ def stored(value: Any, where: str) -> Any:
         return {"path": os.fspath(value)}
     if isinstance(value, RasterWindow):
         return {"window": [value.path, value.name, *map(_number, value.window.flatten())]}
+    if isinstance(value, StacSearch):  # (its guards are the server's: given again on restore)
+        return {"stac_search": value.to_json()}
     if is_stac_input(value):  # a StacItem or a pystac.Item (not a file's name)
         item = StacItem.of(value)
         return {"stac_item": dict(item.data), "location": item.location}
     raise InputError(
         f"{where}: a {type(value).__name__} cannot be stored (give a path, URL, base64 text, "
-        "bytes or a STAC Item)"
+        "bytes, a STAC Item or a STAC search)"
     )
 
 
@@ -91,13 +94,15 @@ def restored(value: Any, where: str) -> Any:
             and all(isinstance(p, int | float) and not isinstance(p, bool) for p in parts[2:])
         ):
             return RasterWindow(parts[0], Window(*parts[2:]), parts[1])
+    if keys == {"stac_search"}:
+        return StacSearch.from_json(value["stac_search"])
     if keys in ({"stac_item"}, {"stac_item", "location"}):
         location = value.get("location")
         if location is None or isinstance(location, str):
             return StacItem(value["stac_item"], location)  # (checked as any Item input)
     raise InputError(
         f"request spec: {where} is not a stored input (text, or an object of 'bytes', "
-        "'path', 'window' or 'stac_item')"
+        "'path', 'window', 'stac_item' or 'stac_search')"
     )
 
 

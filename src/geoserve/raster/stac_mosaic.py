@@ -190,6 +190,7 @@ def provenance(search: StacSearch, found: Found) -> dict[str, str]:
         "STAC_COLLECTIONS": ",".join(search.collections),
         "STAC_BBOX": ",".join(f"{v:g}" for v in search.bbox),
         "STAC_ITEMS": ",".join(i.id for i in items),
+        "STAC_ITEM_HREFS": ",".join(_as_stac(i, search).name for i in items),
         "STAC_DATETIMES": ",".join(i.datetime.isoformat() if i.datetime else "" for i in items),
         "STAC_DAYS": ",".join(d.isoformat() for d, _ in found.days),
     }

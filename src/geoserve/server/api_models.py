@@ -25,6 +25,7 @@ from pydantic import (
 from geoserve.errors import InputError, UnsupportedMediaTypeError
 from geoserve.schemas import OutputKind
 from geoserve.seeds import MAX_SEED
+from geoserve.stac_query import StacSearch
 
 InFormat = Literal["b64_json", "path", "url"]
 OutDataFormat = Literal["b64_json", "path", "geotiff"]
@@ -87,8 +88,12 @@ class ImagesRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     model: NonEmpty | None = None
     """The served model to run (optional when the server serves one)."""
-    data: OneOrDates | ModalityData
+    data: OneOrDates | ModalityData | None = None
     """One input, the dates of one place (a list), or modalities by name (a dict)."""
+    stac: dict[str, Any] | None = None
+    """Instead of ``data``: a STAC API search (``url``, ``collections``, ``bbox``, and
+    optionally ``datetime``, ``max_cloud``, ``resolution``, ``crs``, ``max_items``; see
+    :class:`~geoserve.stac_query.StacSearch`), its catalogue at an allowed URL domain."""
     data_format: InFormat = "b64_json"
     out_data_format: OutDataFormat = "b64_json"
     options: ImageOptions = Field(default_factory=ImageOptions)
@@ -97,6 +102,27 @@ class ImagesRequest(BaseModel):
     """ISO 8601 acquisition dates, one per ``data`` item (for models that take dates; for
     modalities, a dict of modality name to its dates); checked before any input is fetched,
     so a bad one is a 400 naming the field."""
+
+    @model_validator(mode="after")
+    def _one_input(self) -> ImagesRequest:
+        if (self.data is None) == (self.stac is None):
+            raise ValueError("give data (the inputs) or stac (a STAC API search), one of them")
+        return self
+
+    def inputs(self) -> Any:
+        """The request's inputs: ``data``, or the search ``stac`` describes.
+
+        Raises:
+            InputError: a ``stac`` object that is not a search (naming the field).
+        """
+        if self.stac is not None:
+            return StacSearch.from_json(self.stac)
+        return self.data
+
+    @property
+    def input_format(self) -> str:
+        """``data_format``, or ``auto`` for a search (whose files are read as URLs)."""
+        return "auto" if self.stac is not None else self.data_format
 
 
 class PoolingData(BaseModel):

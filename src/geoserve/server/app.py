@@ -64,6 +64,7 @@ _IN_FORMATS: dict[str, DataFormat] = {
     "b64_json": "b64",
     "path": "path",
     "url": "url",
+    "auto": "auto",  # (a STAC search)
     "bytes": "bytes",
 }
 
@@ -252,7 +253,7 @@ class _Service:
             body = await parse_json(
                 ImagesRequest, await request.body(), request.headers.get("content-type", "")
             )
-            items, data_format, dates = body.data, body.data_format, body.dates
+            items, data_format, dates = body.inputs(), body.input_format, body.dates
         model = self.served.pick(body.model)
         spec = RequestSpec(
             items,

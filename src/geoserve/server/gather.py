@@ -41,6 +41,7 @@ from geoserve.server.inputs import (
     resolve_input_path,
 )
 from geoserve.server.settings import ServerSettings
+from geoserve.stac_query import StacSearch
 
 _MODALITY = re.compile(MODALITY_PATTERN)
 
@@ -91,6 +92,9 @@ async def gather(
     that is not allowed makes no connection at all. ``budget``: the request's remote budget
     (:mod:`geoserve.raster.budget`), charged each request made to a host and its bytes.
     """
+    if isinstance(items, list) and any(isinstance(x, StacSearch) for x in items):
+        searches: list[Any] = [search_guarded(settings, x) for x in items]  # (run on open)
+        return searches, "auto"
     if data_format == "url":
         for values in items.values() if isinstance(items, dict) else [items]:
             for url in values:
@@ -163,6 +167,26 @@ async def _gather_list(
                 data.append(await fetch_url(u, s.allowed_url_domains, limit, left, budget))
         return data, "auto"  # /vsicurl/ paths and downloaded bytes
     return list(items), "b64"
+
+
+def search_guarded(s: ServerSettings, search: Any) -> StacSearch:
+    """A client's STAC search under the server's rules, or refused now, before any connection.
+
+    The catalogue must be at an ``--allowed-url-domain`` (every page of results too), and each
+    file its Items name passes :func:`stac_guard` before it is opened.
+
+    Raises:
+        ForbiddenInputError: the catalogue's host is not allowed (or URL inputs are off).
+        InputError: a search among other inputs.
+    """
+    if not isinstance(search, StacSearch):
+        raise InputError("stac: a STAC search is the request's only input")
+    check_url(search.url, s.allowed_url_domains)
+
+    def vet_api(url: str) -> None:
+        check_url(url, s.allowed_url_domains)
+
+    return search.with_guards(vet_api, stac_guard(s))
 
 
 def stac_guard(s: ServerSettings) -> Callable[[str], str]:

@@ -60,8 +60,14 @@ from geoserve.server.gather import parse_multipart
 from geoserve.server.inputs import check_url, resolve_input_path
 from geoserve.server.served import ServedEngines
 from geoserve.server.settings import ServerSettings
+from geoserve.stac_query import StacSearch
 
-_IN_FORMATS: dict[str, DataFormat] = {"b64_json": "b64", "path": "path", "url": "url"}
+_IN_FORMATS: dict[str, DataFormat] = {
+    "b64_json": "b64",
+    "path": "path",
+    "url": "url",
+    "auto": "auto",  # (a STAC search)
+}
 #: The media type of a class map's ``.aux.xml`` sidecar.
 SIDECAR_TYPE = "application/xml"
 #: The preference (RFC 7240) asking for a job's outputs inline in its results.
@@ -201,7 +207,7 @@ class JobRoutes:
             body = await parse_json(
                 ImagesRequest, await request.body(), request.headers.get("content-type", "")
             )
-            items, data_format = body.data, _IN_FORMATS[body.data_format]
+            items, data_format = body.inputs(), _IN_FORMATS[body.input_format]
         model = self.served.pick(body.model)
         spec = RequestSpec(
             items,
@@ -256,7 +262,9 @@ class JobRoutes:
         given: Any = spec.inputs
         values = [x for v in given.values() for x in v] if isinstance(given, dict) else given
         for value in values:
-            if spec.data_format == "path":
+            if isinstance(value, StacSearch):
+                check_url(value.url, self.settings.allowed_url_domains)
+            elif spec.data_format == "path":
                 resolve_input_path(str(value), self.settings.allowed_input_dirs)
             elif spec.data_format == "url":
                 check_url(str(value), self.settings.allowed_url_domains)

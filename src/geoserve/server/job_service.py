@@ -22,6 +22,7 @@ from geoserve.jobs.runner import JOB_KEYS, Execute, JobRunner
 from geoserve.schemas import ImageOutput, ImageRequestOutput
 from geoserve.server.errors import ogc_exception
 from geoserve.server.settings import ServerSettings
+from geoserve.stac_query import StacSearch
 
 if TYPE_CHECKING:
     from geoserve.server.served import ServedEngines
@@ -127,6 +128,8 @@ def write_job_item(eng: AsyncEngine, job: Job, result: ImageRequestOutput, direc
     inline = "job_files" in job.spec
 
     def named(value: Any, i: int) -> str:
+        if isinstance(value, dict) and set(value) == {"stac_search"}:  # (its search URL)
+            return str(StacSearch.from_json(value["stac_search"]))
         return f"inline:{i}" if inline else str(value)
 
     given = stored.get("inputs")
