@@ -176,6 +176,15 @@ RUN_ELSEWHERE = {
 
 #: Not run here, and why.
 CANNOT_RUN = {
+    "geoserve info --stac https://earth-search.aws.element84.com/v1 --collection "
+    "sentinel-2-l2a --bbox 11.98,44.99,12.02,45.01 --datetime 2024-06-01/2024-06-30 --model "
+    "ndwi-water": "asks Earth Search (network); tests/test_stac_search.py runs the same flags "
+    "against a local STAC API",
+    "geoserve predict --stac https://earth-search.aws.element84.com/v1 --collection "
+    "sentinel-2-l2a --bbox 11.98,44.99,12.02,45.01 --datetime 2024-06-01/2024-06-30 "
+    "--max-cloud 40 --model ndwi-water -o water.tif": "asks Earth Search and reads its "
+    "Sentinel-2 files (network); tests/test_stac_search.py runs the same flags against a local "
+    "STAC API",
     "pip install 'geoserve[xarray]'": "installs from the package index (network); the "
     "environment these tests run in has the extra (scripts/setup.sh installs it)",
     "geoserve predict -i S2L2A=s2_l2a.tif -o scene.tif --model terramind-v1-tiny-generate "
