@@ -4,8 +4,8 @@
 32 and 33 meet: on two days each day has a western Item in EPSG:32632 and an eastern one in
 EPSG:32633, overlapping across the zone line (so a bbox over the line needs both). Each Item
 has ``green`` (B03) and ``nir`` (B08) at 10 m, ``swir16`` (B11) at 20 m and the scene classes
-``scl`` at 20 m, each a tiled GeoTIFF with the ``proj`` and ``eo`` metadata public catalogues
-give (hrefs are absolute, under ``base_url``), and an ``eo:cloud_cover``. The first day is the
+``scl`` at 20 m, each a Cloud-Optimized GeoTIFF with the ``proj`` and ``eo`` metadata public
+catalogues give (hrefs are absolute, under ``base_url``), and an ``eo:cloud_cover``. The first day is the
 clearer one; its western Item has a cloud (SCL 9) and a cloud shadow (SCL 3) the second day
 sees through. Each Item has a lake (``nir`` below ``green``) in its lower half.
 
@@ -29,6 +29,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import rasterio
+import rasterio.shutil
 from affine import Affine
 from pyproj import Transformer
 
@@ -113,10 +115,10 @@ def write_catalogue(directory: Path, base_url: str) -> list[dict[str, Any]]:
             transform = Affine(metres, 0, s.x0, 0, -metres, s.y0)
             path = directory / s.item_id / f"{name}.tif"
             path.parent.mkdir(parents=True, exist_ok=True)
-            write_band(
-                path, data, transform, crs=f"EPSG:{s.epsg}", nodata=0, tiled=True,
-                blockxsize=128, blockysize=128,
-            )  # fmt: skip
+            plain = path.with_suffix(".plain.tif")
+            write_band(plain, data, transform, crs=f"EPSG:{s.epsg}", nodata=0)
+            rasterio.shutil.copy(plain, path, driver="COG", BLOCKSIZE=128)  # (with overviews)
+            plain.unlink()
             band: dict[str, Any] = {"name": name}
             if common:
                 band["common_name"] = common

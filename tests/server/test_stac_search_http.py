@@ -152,6 +152,46 @@ def test_too_many_items_is_a_400(server: str, catalogue: Catalogue) -> None:
     assert "more than 3 Items" in resp.json()["message"]
 
 
+def test_a_search_larger_than_max_pixels_is_a_413(catalogue: Catalogue) -> None:
+    """The search's grid counts towards --max-pixels before a pixel is read."""
+    with running_server(
+        model="ndwi-water", allowed_url_domains=["127.0.0.1"], max_pixels=10_000
+    ) as server:
+        resp = _post(server, "/v1/images", {"stac": catalogue.body()})
+    assert resp.status_code == 413, resp.text
+    assert "max-pixels" in resp.json()["message"] or "max_pixels" in resp.json()["message"]
+
+
+@pytest.fixture
+def crowded(catalogue: Catalogue, tmp_path: Path) -> Iterator[str]:
+    """A real STAC API holding 1,500 Items over the area (copies of one)."""
+    import json
+
+    from tests.stac_catalogue import stac_api
+
+    one = catalogue.items[0]
+    items = []
+    for i in range(1500):
+        item = json.loads(json.dumps(one))
+        item["id"] = f"{one['id']}_{i:04d}"
+        items.append(item)
+    with stac_api(items, tmp_path) as url:
+        yield url
+
+
+def test_a_catalogue_of_thousands_of_items_is_refused(server: str, crowded: str) -> None:
+    body = {
+        "url": crowded,
+        "collections": ["sentinel-2-l2a"],
+        "bbox": [11.985, 44.996, 12.015, 45.004],
+    }
+    t0 = time.monotonic()
+    resp = _post(server, "/v1/images", {"stac": body})
+    assert resp.status_code == 400, resp.text
+    assert "more than 100 Items" in resp.json()["message"]
+    assert time.monotonic() - t0 < 30  # (101 Items asked for, not all 1,500)
+
+
 def test_cli_predict_server_stac(server: str, catalogue: Catalogue, tmp_path: Path) -> None:
     """``predict --server URL --stac ...``: the search runs on the server, as a job."""
     from tests.cli_process import run_in_process
