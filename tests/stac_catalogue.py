@@ -5,9 +5,9 @@
 EPSG:32633, overlapping across the zone line (so a bbox over the line needs both). Each Item
 has ``green`` (B03) and ``nir`` (B08) at 10 m, ``swir16`` (B11) at 20 m and the scene classes
 ``scl`` at 20 m, each a Cloud-Optimized GeoTIFF with the ``proj`` and ``eo`` metadata public
-catalogues give (hrefs are absolute, under ``base_url``), and an ``eo:cloud_cover``. The first day is the
-clearer one; its western Item has a cloud (SCL 9) and a cloud shadow (SCL 3) the second day
-sees through. Each Item has a lake (``nir`` below ``green``) in its lower half.
+catalogues give (hrefs are absolute, under ``base_url``), and an ``eo:cloud_cover``. The first
+day is the clearer one; its western Item has a cloud (SCL 9) and a cloud shadow (SCL 3) the
+second day sees through. Each Item has a lake (``nir`` below ``green``) in its lower half.
 
 :func:`stac_api` runs a real STAC API server (``rustac serve``, from the package index) on
 127.0.0.1 over the Items, in a collection ``sentinel-2-l2a``.
