@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import http.server
 import json
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ from geoserve.errors import ForbiddenInputError, InputError
 from geoserve.raster.stac_mosaic import CLOUD_CLASSES, plan_search
 from geoserve.stac_query import StacSearch, stac_search
 from tests.cli_process import run_in_process as run_cli
+from tests.conftest import http_server
 from tests.stac_catalogue import (
     BBOX,
     COLLECTION,
@@ -218,25 +218,22 @@ def test_an_item_naming_a_local_file_is_refused(hostile_api: str) -> None:
         engine.generate_image(stac_search(hostile_api, COLLECTION, BBOX))
 
 
+class _Redirecting(http.server.BaseHTTPRequestHandler):
+    """Answers every request with a redirect to another host."""
+
+    def do_GET(self) -> None:  # noqa: N802
+        self.send_response(302)
+        self.send_header("Location", "http://169.254.169.254/")
+        self.end_headers()
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
 @pytest.fixture
 def redirecting() -> Iterator[str]:
-    """A server that answers every request with a redirect."""
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802
-            self.send_response(302)
-            self.send_header("Location", "http://169.254.169.254/")
-            self.end_headers()
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
+    with http_server(_Redirecting) as url:
+        yield url
 
 
 def test_a_catalogue_that_redirects_is_refused(redirecting: str) -> None:
