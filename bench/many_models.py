@@ -39,6 +39,7 @@ from bench.harness import (
     write_section,
 )
 from bench.scenes import crops
+from geoserve.engine.cpu_inference import cpu_name
 
 MODELS = ("demo-water", "ndwi-water", "bench-conv")
 FLAGS = ["--batch-size", "2", "--max-queued-patches", "100000", "--threads", "1"]
@@ -167,13 +168,14 @@ def run() -> dict[str, Any]:
         "ndwi_alone": alone,
         "ndwi_beside_flood": beside,
         "machine": machine(),
+        "cpu": cpu_name(),
     }
 
 
 def write_markdown(report: dict[str, Any]) -> None:
     m = report["machine"]
     lines = [
-        f"{machine_line(m, 'torch')} One `geoserve serve --model demo-water --model ndwi-water "
+        f"{machine_line(m, 'torch')} CPU: {report.get('cpu', '?')}. One `geoserve serve --model demo-water --model ndwi-water "
         "--model bench-conv` against three one-model servers, all four up at once, the same "
         "engine flags (batch 2, one torch thread); multipart uploads of lake-scene crops (1 to 4 "
         f"patches of 224 px), each request to the next model in turn; median of {REPEATS} "
