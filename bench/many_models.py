@@ -175,7 +175,8 @@ def run() -> dict[str, Any]:
 def write_markdown(report: dict[str, Any]) -> None:
     m = report["machine"]
     lines = [
-        f"{machine_line(m, 'torch')} CPU: {report.get('cpu', '?')}. One `geoserve serve --model demo-water --model ndwi-water "
+        f"{machine_line(m, 'torch')} CPU: {report.get('cpu', '?')}. One `geoserve serve "
+        "--model demo-water --model ndwi-water "
         "--model bench-conv` against three one-model servers, all four up at once, the same "
         "engine flags (batch 2, one torch thread); multipart uploads of lake-scene crops (1 to 4 "
         f"patches of 224 px), each request to the next model in turn; median of {REPEATS} "
