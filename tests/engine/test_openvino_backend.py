@@ -230,3 +230,18 @@ def test_v1_models_says_how_the_server_runs_its_model(cache: Path) -> None:
     assert (runtime["backend"], runtime["precision"]) == ("openvino", "fp32")
     assert runtime["converted"]
     assert str(cache) not in str(runtime)
+
+
+def test_weights_hash_takes_scalar_buffers() -> None:
+    """A BatchNorm's ``num_batches_tracked`` (a 0-d int64) is hashed like any tensor: a
+    model with batch norm (the UperNet decoders) gets a cache key, and its values count."""
+    import torch
+
+    from geoserve.engine.ov_convert import weights_hash
+
+    model = torch.nn.Sequential(torch.nn.Conv2d(2, 2, 1), torch.nn.BatchNorm2d(2))
+    before = weights_hash(model)
+    model[1].num_batches_tracked += 1
+    assert weights_hash(model) != before
+    model[1].num_batches_tracked -= 1
+    assert weights_hash(model) == before

@@ -76,7 +76,7 @@ def weights_hash(module: torch.nn.Module) -> str:
     for name, tensor in module.state_dict().items():
         t = tensor.detach().cpu().contiguous()
         h.update(f"{name}:{tuple(t.shape)}:{t.dtype};".encode())
-        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
     return h.hexdigest()[:32]
 
 
