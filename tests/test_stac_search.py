@@ -261,3 +261,56 @@ def test_cli_predict_and_info(catalogue: Catalogue, tmp_path: Path) -> None:
     lone = run_cli("predict", "--model", "ndwi-water", "-o", str(out), "--bbox", "1,2,3,4")
     assert lone.returncode == 2
     assert "--stac" in lone.stderr
+
+
+def test_a_search_reaches_the_network_lane() -> None:
+    """Searches are admitted in the lane of requests that reach other hosts."""
+    from geoserve.engine.admission_pool import reaches_network
+
+    assert reaches_network([stac_search("http://127.0.0.1:9", "c", BBOX)])
+
+
+_ITEM = {
+    "type": "Feature", "stac_version": "1.0.0", "id": "one", "collection": "c",
+    "geometry": None, "properties": {"datetime": "2024-06-01T10:00:00Z"}, "links": [],
+    "assets": {"b": {"href": "http://127.0.0.1:9/b.tif"}},
+}  # fmt: skip
+
+
+class _Paging(http.server.BaseHTTPRequestHandler):
+    """A STAC API whose first page links its next one on another port, with headers."""
+
+    def do_GET(self) -> None:  # noqa: N802
+        base = f"http://127.0.0.1:{self.server.server_address[1]}"
+        if self.path.startswith("/search"):
+            page = {
+                "type": "FeatureCollection",
+                "features": [_ITEM],
+                "links": [{"rel": "next", "href": "http://127.0.0.1:9/search?page=2",
+                           "headers": {"Host": "elsewhere", "Authorization": "x"}}],
+            }  # fmt: skip
+            body = page
+        else:
+            body = {
+                "type": "Catalog", "id": "x", "description": "x", "stac_version": "1.0.0",
+                "conformsTo": ["https://api.stacspec.org/v1.0.0/core",
+                               "https://api.stacspec.org/v1.0.0/item-search"],
+                "links": [{"rel": "search", "href": f"{base}/search"},
+                          {"rel": "self", "href": base}],
+            }  # fmt: skip
+        raw = json.dumps(body).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(raw)))
+        self.end_headers()
+        self.wfile.write(raw)
+
+    do_POST = do_GET  # (pystac-client searches by POST where it can)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_a_next_page_off_the_catalogue_is_refused() -> None:
+    with http_server(_Paging) as url, pytest.raises(InputError, match="off its own host"):
+        stac_search(url, "c", BBOX).find()

@@ -11,7 +11,10 @@ bytes to the request's remote budget where one is open (the HTTP server's
 
 from __future__ import annotations
 
+import re
+import time
 from typing import Any
+from urllib.parse import urlsplit
 
 import pystac
 from pystac_client import Client
@@ -30,6 +33,8 @@ from geoserve.stac_query import (
 )
 
 _HTTP = ("http://", "https://")
+#: An Item id this client takes: printable, no spaces or commas (outputs list them in tags).
+_ITEM_ID = re.compile(r"[^\s,\x00-\x1f\x7f]{1,200}")
 _BODY_METHODS = ("POST", "PUT", "PATCH")
 
 
@@ -56,10 +61,19 @@ class GuardedStacIO(StacApiIO):
         headers: dict[str, str] | None = None,
         parameters: dict[str, Any] | None = None,
     ) -> str:
-        """One request to the catalogue, under the rules in the module docstring."""
+        """One request to the catalogue, under the rules in the module docstring.
+
+        ``headers`` (a link's own, as pystac-client passes them) are never sent: a catalogue
+        does not choose what this client says (a ``Host``, credentials, cookies).
+        """
         if not href.startswith(_HTTP):
             raise InputError(
                 f"{self._search.url}: the catalogue links to {href!r:.120}, not http(s)"
+            )
+        if _origin(href) != _origin(self._search.url):
+            raise InputError(
+                f"{self._search.url}: the catalogue links to {href!r:.120}, off its own host "
+                "(its pages are read from where the search was sent only)"
             )
         if self._search.vet_api is not None:
             self._search.vet_api(href)  # (raises to refuse)
@@ -72,26 +86,55 @@ class GuardedStacIO(StacApiIO):
         body = {"json": parameters} if method in _BODY_METHODS else {"params": parameters or {}}
         try:
             with self.session.request(
-                method, href, headers=headers, timeout=timeout, allow_redirects=False,
-                stream=True, **body,
-            ) as resp:  # fmt: skip
+                method, href, timeout=timeout, allow_redirects=False, stream=True, **body
+            ) as resp:
                 if resp.is_redirect or resp.is_permanent_redirect:
                     raise InputError(f"{href}: the catalogue redirects (HTTP {resp.status_code})")
                 if not 200 <= resp.status_code < 300:
                     raise InputError(f"{href}: the catalogue answers HTTP {resp.status_code}")
-                raw = resp.raw.read(MAX_RESPONSE_BYTES + 1, decode_content=True)
+                raw = _read_capped(resp, href, time.monotonic() + timeout, budget)
         except GeoServeError:
             raise
         except Exception as exc:  # (requests' and urllib3's own errors)
             raise InputError(f"{href}: cannot ask the catalogue ({type(exc).__name__})") from None
-        if len(raw) > MAX_RESPONSE_BYTES:
-            raise InputError(f"{href}: the catalogue's answer is over {MAX_RESPONSE_BYTES} bytes")
-        if budget is not None:
-            budget.add_bytes(href, len(raw))
         try:
-            return bytes(raw).decode("utf-8")
+            return raw.decode("utf-8")
         except UnicodeDecodeError:
             raise InputError(f"{href}: the catalogue's answer is not UTF-8 text") from None
+
+
+def _origin(url: str) -> tuple[str, str, int | None]:
+    parts = urlsplit(url)
+    port = parts.port or {"http": 80, "https": 443}.get(parts.scheme)
+    return parts.scheme, (parts.hostname or "").lower(), port
+
+
+def _read_capped(resp: Any, href: str, deadline: float, budget: Any) -> bytes:
+    """The answer's body, at most :data:`MAX_RESPONSE_BYTES`, the whole of it by ``deadline``.
+
+    Read as the bytes arrive (``read1``: a socket read each, so an answer that trickles in
+    stops at the deadline, not only a silent one), each piece charged to ``budget`` (which
+    stops it once its request is cancelled or past its own deadline).
+    """
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        if time.monotonic() > deadline:
+            raise InputError(
+                f"{href}: the catalogue's answer did not arrive within {SEARCH_TIMEOUT_S:g} s"
+            )
+        chunk = resp.raw.read1(64 * 1024, decode_content=True)
+        if not chunk:
+            if resp.raw.closed or resp.raw.length_remaining in (0, None):
+                break
+            continue  # (a compressed piece that decoded to nothing yet)
+        size += len(chunk)
+        if size > MAX_RESPONSE_BYTES:
+            raise InputError(f"{href}: the catalogue's answer is over {MAX_RESPONSE_BYTES} bytes")
+        if budget is not None:
+            budget.add_bytes(href, len(chunk))
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def search_items(search: StacSearch) -> list[pystac.Item]:
@@ -138,7 +181,9 @@ def search_items(search: StacSearch) -> list[pystac.Item]:
     if search.max_cloud is not None:
         items = [i for i in items if item_cloud(i) <= search.max_cloud]
     for item in items:
-        if item.collection_id is not None and item.collection_id not in search.collections:
+        if not isinstance(item.id, str) or not _ITEM_ID.fullmatch(item.id):
+            raise InputError(f"{search.name}: the catalogue answered an Item id {item.id!r:.80}")
+        if item.collection_id not in search.collections:
             raise InputError(
                 f"{search.name}: the catalogue answered Item {item.id!r:.80} of collection "
                 f"{item.collection_id!r:.80}, which was not asked for"

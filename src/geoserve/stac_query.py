@@ -82,15 +82,18 @@ class StacSearch:
         object.__setattr__(self, "collections", tuple(cols))
         object.__setattr__(self, "bbox", _bbox(self.bbox))
         if self.datetime is not None and (
-            not isinstance(self.datetime, str) or not 0 < len(self.datetime) <= 64
+            not isinstance(self.datetime, str) or not _datetime_range(self.datetime)
         ):
             raise InputError(f"stac.datetime: a date or range as text, got {self.datetime!r:.80}")
         if self.max_cloud is not None and not _number_in(self.max_cloud, 0, 100):
             raise InputError(f"stac.max_cloud: a percentage 0..100, got {self.max_cloud!r:.40}")
         if self.resolution is not None and not _number_in(self.resolution, 1e-9, 1e6, True):
             raise InputError(f"stac.resolution: a positive number, got {self.resolution!r:.40}")
-        if self.crs is not None and (not isinstance(self.crs, str) or not _CRS.fullmatch(self.crs)):
-            raise InputError(f"stac.crs: an EPSG code such as EPSG:32633, got {self.crs!r:.40}")
+        if self.crs is not None and (not isinstance(self.crs, str) or not _known_crs(self.crs)):
+            raise InputError(
+                f"stac.crs: a projected or geographic CRS's EPSG code such as EPSG:32633, got "
+                f"{self.crs!r:.40}"
+            )
         n = self.max_items
         if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_SEARCH_ITEMS:
             raise InputError(f"stac.max_items: 1..{MAX_SEARCH_ITEMS}, got {n!r:.40}")
@@ -220,6 +223,42 @@ def _bbox(value: Any) -> tuple[float, float, float, float]:
             "searches)"
         )
     return (w, s, e, n)
+
+
+def _known_crs(text: str) -> bool:
+    """An ``EPSG:N`` code pyproj knows, of a projected or geographic CRS."""
+    if not _CRS.fullmatch(text):
+        return False
+    from pyproj import CRS
+    from pyproj.exceptions import CRSError
+
+    try:
+        crs = CRS.from_epsg(int(text.split(":")[1]))
+    except CRSError:
+        return False
+    return bool(crs.is_projected or crs.is_geographic)
+
+
+_DATE = re.compile(r"\d{4}(-\d{2}(-\d{2})?)?")
+
+
+def _datetime_range(text: str) -> bool:
+    """A STAC API ``datetime``: one date or datetime, or a range of two (``..``: open)."""
+    import datetime as dt
+
+    parts = text.split("/")
+    if not 0 < len(text) <= 64 or len(parts) > 2 or parts == ["..", ".."]:
+        return False
+    for part in parts:
+        if part in ("", "..") and len(parts) == 2:
+            continue
+        if _DATE.fullmatch(part):
+            continue
+        try:
+            dt.datetime.fromisoformat(part.replace("Z", "+00:00"))
+        except ValueError:
+            return False
+    return True
 
 
 def _number_in(v: Any, lo: float, hi: float, open_low: bool = False) -> bool:

@@ -206,3 +206,26 @@ def test_cli_predict_server_stac(server: str, catalogue: Catalogue, tmp_path: Pa
     local = geoserve.Engine("ndwi-water").generate_image(catalogue.search(), out_format="xarray")
     with rasterio.open(out) as ds:
         np.testing.assert_array_equal(ds.read(1), local.outputs.xarray.values[0])
+
+
+def test_a_search_is_held_to_the_remote_budget(catalogue: Catalogue) -> None:
+    """The cube's file reads count too (they run after the inputs were opened)."""
+    with running_server(
+        model="ndwi-water", allowed_url_domains=["127.0.0.1"], max_remote_requests=30
+    ) as server:
+        resp = _post(server, "/v1/images", {"stac": catalogue.body()})
+    assert resp.status_code in (400, 413), resp.text
+    assert "--max-remote-requests" in resp.json()["message"]
+
+
+@pytest.mark.parametrize(
+    ("extra", "field"),
+    [({"crs": "EPSG:999999"}, "stac.crs"), ({"datetime": "not-a-date/../../"}, "stac.datetime")],
+)
+def test_a_bad_crs_or_datetime_is_refused_before_asking(
+    server: str, extra: dict[str, Any], field: str
+) -> None:
+    body = {"url": "http://127.0.0.1:9", "collections": ["c"], "bbox": [0, 0, 1, 1], **extra}
+    resp = _post(server, "/v1/images", {"stac": body})
+    assert resp.status_code == 400, resp.text
+    assert field in resp.json()["message"]

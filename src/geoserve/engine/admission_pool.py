@@ -29,6 +29,7 @@ from typing import Any, TypeVar
 from geoserve.errors import RequestTimeoutError
 from geoserve.raster.budget import OpenBudget, using
 from geoserve.raster.stac_item import StacItem, is_stac_input
+from geoserve.stac_query import StacSearch
 
 _REMOTE = ("/vsicurl/", "http://", "https://")
 T = TypeVar("T")
@@ -43,6 +44,8 @@ def reaches_network(inputs: Any) -> bool:
     values = list(inputs.values()) if isinstance(inputs, Mapping) else [inputs]
     flat = [x for v in values for x in (v if isinstance(v, list | tuple) else [v])]
     for item in flat:
+        if isinstance(item, StacSearch):  # (a catalogue, then the files it names)
+            return True
         if isinstance(item, StacItem):
             hrefs = (str(a.get("href", "")) for a in item.data["assets"].values())
             if item.remote or any(h.strip().lower().startswith(_REMOTE[1:]) for h in hrefs):

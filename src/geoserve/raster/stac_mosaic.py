@@ -31,15 +31,19 @@ drivers (:mod:`geoserve.raster.trust`) like any URL input.
 from __future__ import annotations
 
 import datetime as dt
+import json
 import math
+import threading
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
+from urllib.parse import quote
 
 import numpy as np
 
 from geoserve.errors import BandMismatchError, GeoServeError, InputError, prefixed
+from geoserve.raster.budget import current, using
 from geoserve.raster.input_values import CARRIED_TAGS
 from geoserve.raster.stac_item import AssetBand, StacItem
 from geoserve.raster.stac_stack import Wanted, select_bands, wanted_bands
@@ -90,6 +94,22 @@ def plan_search(search: StacSearch, selectors: Sequence[int | str] | None, frame
         InputError, BandMismatchError: naming the search or the Item at fault.
     """
     items = search.find()
+    try:
+        return _plan(search, items, selectors, frames)
+    except GeoServeError:
+        raise
+    except Exception as exc:  # (an Item's metadata, malformed in a way pystac let through)
+        raise InputError(
+            f"{search.name}: the Items found cannot be read ({type(exc).__name__})"
+        ) from None
+
+
+def _plan(
+    search: StacSearch,
+    items: list[pystac.Item],
+    selectors: Sequence[int | str] | None,
+    frames: int,
+) -> Found:
     stac = [_as_stac(i, search) for i in items]
     wanted = wanted_bands(selectors)
     picked = select_bands(stac[0], wanted)
@@ -106,7 +126,16 @@ def plan_search(search: StacSearch, selectors: Sequence[int | str] | None, frame
         if lacking:
             raise InputError(f"{s.name}: no asset {lacking[0]!r}, which the other Items have")
     epsg = _crs(search)
-    resolution = search.resolution or _finest(stac[0], picked)
+    resolution = search.resolution
+    if resolution is None:
+        from pyproj import CRS
+
+        if not CRS.from_epsg(epsg).is_projected:  # (the Items' sizes are in metres)
+            raise InputError(
+                f"{search.name}: crs {search.crs} is not in metres; give the resolution in "
+                "its units (--resolution, resolution=)"
+            )
+        resolution = _finest(stac[0], picked)
     bounds = _bounds(search.bbox, epsg, resolution)
     shape = (
         round((bounds[3] - bounds[1]) / resolution),
@@ -136,11 +165,12 @@ def search_cube(
 
     found = plan_search(search, selectors, frames)
     vetted = _vet_hrefs(search, found)
+    files = _Files(search, vetted, opener, current())
     crs, res = found.crs, found.resolution
     x0, _, _, y1 = _bounds(search.bbox, int(crs.split(":")[1]), res)
     geobox = GeoBox(found.shape, Affine(res, 0, x0, 0, -res, y1), crs)
     rank = {i.id: r for r, (_, day) in enumerate(found.days) for i in day}
-    chosen = [i for _, day in found.days for i in day]
+    chosen = [_resolved(i, search) for _, day in found.days for i in day]
     keys = list(dict.fromkeys(found.assets.values()))
     classes = {k for label, k in found.assets.items() if label.lower() == "scl"}
     classes |= {_band_key(b) for b in _as_stac(chosen[0], search).bands() if b.categorical}
@@ -153,12 +183,15 @@ def search_cube(
             resampling={k: "nearest" if k in classes else "bilinear" for k in keys},
             dtype="float32",
             chunks={"y": CHUNK_ROWS, "x": CHUNK_COLS},
-            driver=guarded_driver(lambda href: opener(vetted[href])),
+            driver=guarded_driver(files.open),
         )
     except GeoServeError:
         raise
-    except (ValueError, KeyError) as exc:
-        raise InputError(f"{search.name}: odc-stac cannot place the Items ({exc})") from None
+    except Exception as exc:  # (metadata odc-stac cannot use: a CRS, a transform)
+        raise InputError(
+            f"{search.name}: odc-stac cannot place the Items ({type(exc).__name__}: "
+            f"{str(exc)[:160]})"
+        ) from None
     labels = [label for label in found.assets if label != "scl" or _reads_scl(selectors)]
     scl_key = found.assets.get("scl")
     bands = [ds[found.assets[label]] for label in labels]
@@ -196,6 +229,63 @@ def provenance(search: StacSearch, found: Found) -> dict[str, str]:
     }
 
 
+class _Files:
+    """The files of one search's cube: each opened once per reading thread, only if vetted.
+
+    Every open runs under the budget of the request that opened the search (its remote
+    requests charged, its deadline and cancellation kept: the cube is read in Dask's threads,
+    after the request's inputs were opened). The files close when the cube is dropped.
+    """
+
+    def __init__(
+        self, search: StacSearch, vetted: dict[str, str], opener: Opener, budget: Any
+    ) -> None:
+        self._search, self._vetted, self._opener, self._budget = search, vetted, opener, budget
+        self._open: dict[tuple[int, str], RasterSource] = {}
+        self._lock = threading.Lock()
+
+    def open(self, href: str) -> RasterSource:
+        """The vetted file ``href``, opened by this thread (once).
+
+        Raises:
+            InputError: an href that is not one of the Items' vetted files.
+        """
+        target = self._vetted.get(href)
+        if target is None:
+            raise InputError(f"{self._search.name}: odc-stac asked for a file no Item names")
+        key = (threading.get_ident(), href)
+        with self._lock:
+            found = self._open.get(key)
+        if found is not None:
+            if self._budget is not None:
+                self._budget.check(target)
+            return found
+        with using(self._budget):
+            source = self._opener(target)
+        with self._lock:
+            self._open[key] = source
+        return source
+
+    def __del__(self) -> None:
+        for source in self._open.values():
+            source.close()
+
+
+def _resolved(item: pystac.Item, search: StacSearch) -> pystac.Item:
+    """``item`` with its asset hrefs absolute, as geoserve resolved (and vetted) them.
+
+    Its links dropped: odc-stac then reads exactly those URLs, never one it resolves itself.
+    """
+    import pystac
+
+    stac = _as_stac(item, search)
+    data = json.loads(json.dumps(item.to_dict(transform_hrefs=False)))
+    for band in stac.bands():
+        data["assets"][band.asset]["href"] = band.href
+    data["links"] = []
+    return pystac.Item.from_dict(data, migrate=False)
+
+
 def guarded_driver(opener: Opener) -> Any:
     """An odc-loader reader driver that opens files through geoserve's trust rules.
 
@@ -226,16 +316,13 @@ class _Reader:
         out = dst if dst is not None else np.empty((h, w), dtype=cfg.dtype or "float32")
         fill = cfg.fill_value if cfg.fill_value is not None else math.nan
         out[...] = fill
-        source = self._opener(self._src.uri)
-        try:
-            with source.gdal_dataset() as ds:
-                band = int(self._src.band or 1)
-                nodata = ds.nodatavals[band - 1]
-                if nodata is None:
-                    nodata = cfg.src_nodata_override or cfg.src_nodata_fallback
-                _warp(ds, band, out, nodata, fill, dst_geobox, cfg.resampling)
-        finally:
-            source.close()
+        source = self._opener(self._src.uri)  # (open for the cube's life: see _Files)
+        with source.gdal_dataset() as ds:
+            band = int(self._src.band or 1)
+            nodata = ds.nodatavals[band - 1]
+            if nodata is None:
+                nodata = cfg.src_nodata_override or cfg.src_nodata_fallback
+            _warp(ds, band, out, nodata, fill, dst_geobox, cfg.resampling)
         return (slice(0, h), slice(0, w)), out
 
 
@@ -266,10 +353,16 @@ _EMPTY_GRID = "Dataset has no geotransform, gcps, or rpcs"
 
 
 def _as_stac(item: pystac.Item, search: StacSearch) -> StacItem:
-    where = item.get_self_href()
-    if not (where or "").startswith(("http://", "https://")):
-        where = f"{search.url.rstrip('/')}/collections/{item.collection_id}/items/{item.id}"
-    return StacItem(item.to_dict(), where)
+    """``item`` as a :class:`StacItem` located at its URL in the catalogue searched.
+
+    Its own ``self`` link is not trusted to say where it is: relative hrefs resolve against
+    the catalogue's URL of it, so an Item names only what its catalogue could.
+    """
+    collection = quote(str(item.collection_id), safe="")
+    where = f"{search.url.rstrip('/')}/collections/{collection}/items/{quote(item.id, safe='')}"
+    data = item.to_dict(transform_hrefs=False)
+    data["links"] = [link for link in data.get("links", []) if link.get("rel") != "self"]
+    return StacItem(data, where)
 
 
 def _band_key(band: AssetBand) -> str:
@@ -328,10 +421,10 @@ def _finest(item: StacItem, picked: Sequence[tuple[Wanted, AssetBand]]) -> float
     sizes = []
     for _, band in picked:
         transform = item.data["assets"][band.asset].get("proj:transform")
-        if isinstance(transform, list) and len(transform) >= 6 and transform[0]:
+        if isinstance(transform, list) and len(transform) >= 6 and _size(transform[0]):
             sizes.append(abs(float(transform[0])))
     gsd = item.data.get("properties", {}).get("gsd")
-    if not sizes and isinstance(gsd, int | float) and gsd > 0:
+    if not sizes and _size(gsd):
         sizes.append(float(gsd))
     if not sizes:
         raise InputError(
@@ -339,6 +432,16 @@ def _finest(item: StacItem, picked: Sequence[tuple[Wanted, AssetBand]]) -> float
             "(--resolution, resolution=)"
         )
     return min(sizes)
+
+
+def _size(value: Any) -> bool:
+    """A pixel size: a finite, positive number of at most 100 km (not a boolean)."""
+    return (
+        isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and 0 < abs(value) <= 1e5
+    )
 
 
 def _solar_day(item: pystac.Item, lon: float) -> dt.date:
