@@ -22,10 +22,10 @@ only the chunks a row needs computed.
   range (else the span of the days found) cut into T equal windows, and in each window its
   clearest day (ties: the earliest); a window without a day is an error naming it.
 
-Every file is opened by geoserve's own reader (:func:`guarded_driver`), not odc-stac's: each
-href must be an http(s) URL (an Item from a catalogue never names a local file), passes the
-search's ``vet_asset`` once (the server's input rules), and is opened through the allowed GDAL
-drivers (:mod:`geoserve.raster.trust`) like any URL input.
+Every file is opened by geoserve's own reader (:mod:`geoserve.raster.stac_reader`), not
+odc-stac's: each href must be an http(s) URL (an Item from a catalogue never names a local
+file), passes the search's ``vet_asset`` once (the server's input rules), and is opened
+through the allowed GDAL drivers (:mod:`geoserve.raster.trust`) like any URL input.
 """
 
 from __future__ import annotations
@@ -33,9 +33,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
-import threading
-import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import quote
@@ -43,9 +41,10 @@ from urllib.parse import quote
 import numpy as np
 
 from geoserve.errors import BandMismatchError, GeoServeError, InputError, prefixed
-from geoserve.raster.budget import current, using
+from geoserve.raster.budget import current
 from geoserve.raster.input_values import CARRIED_TAGS
 from geoserve.raster.stac_item import AssetBand, StacItem
+from geoserve.raster.stac_reader import Opener, SearchFiles, guarded_driver
 from geoserve.raster.stac_stack import Wanted, select_bands, wanted_bands
 from geoserve.stac_query import StacSearch, item_cloud
 
@@ -53,7 +52,6 @@ if TYPE_CHECKING:
     import pystac
     import xarray as xr
 
-    from geoserve.raster.source import RasterSource
 
 #: Sentinel-2 scene classes masked as nodata: cloud shadow, cloud (medium and high
 #: probability), thin cirrus.
@@ -64,8 +62,6 @@ SCL = Wanted("scl", "scl")
 CHUNK_ROWS, CHUNK_COLS = 512, 2048
 #: Most pixels (rows x columns) of a search's grid.
 MAX_GRID_PIXELS = 1 << 30
-
-Opener = Callable[[str], "RasterSource"]
 
 
 @dataclass(frozen=True)
@@ -165,7 +161,7 @@ def search_cube(
 
     found = plan_search(search, selectors, frames)
     vetted = _vet_hrefs(search, found)
-    files = _Files(search, vetted, opener, current())
+    files = SearchFiles(search.name, vetted, opener, current())
     crs, res = found.crs, found.resolution
     x0, _, _, y1 = _bounds(search.bbox, int(crs.split(":")[1]), res)
     geobox = GeoBox(found.shape, Affine(res, 0, x0, 0, -res, y1), crs)
@@ -229,48 +225,6 @@ def provenance(search: StacSearch, found: Found) -> dict[str, str]:
     }
 
 
-class _Files:
-    """The files of one search's cube: each opened once per reading thread, only if vetted.
-
-    Every open runs under the budget of the request that opened the search (its remote
-    requests charged, its deadline and cancellation kept: the cube is read in Dask's threads,
-    after the request's inputs were opened). The files close when the cube is dropped.
-    """
-
-    def __init__(
-        self, search: StacSearch, vetted: dict[str, str], opener: Opener, budget: Any
-    ) -> None:
-        self._search, self._vetted, self._opener, self._budget = search, vetted, opener, budget
-        self._open: dict[tuple[int, str], RasterSource] = {}
-        self._lock = threading.Lock()
-
-    def open(self, href: str) -> RasterSource:
-        """The vetted file ``href``, opened by this thread (once).
-
-        Raises:
-            InputError: an href that is not one of the Items' vetted files.
-        """
-        target = self._vetted.get(href)
-        if target is None:
-            raise InputError(f"{self._search.name}: odc-stac asked for a file no Item names")
-        key = (threading.get_ident(), href)
-        with self._lock:
-            found = self._open.get(key)
-        if found is not None:
-            if self._budget is not None:
-                self._budget.check(target)
-            return found
-        with using(self._budget):
-            source = self._opener(target)
-        with self._lock:
-            self._open[key] = source
-        return source
-
-    def __del__(self) -> None:
-        for source in self._open.values():
-            source.close()
-
-
 def _resolved(item: pystac.Item, search: StacSearch) -> pystac.Item:
     """``item`` with its asset hrefs absolute, as geoserve resolved (and vetted) them.
 
@@ -284,72 +238,6 @@ def _resolved(item: pystac.Item, search: StacSearch) -> pystac.Item:
         data["assets"][band.asset]["href"] = band.href
     data["links"] = []
     return pystac.Item.from_dict(data, migrate=False)
-
-
-def guarded_driver(opener: Opener) -> Any:
-    """An odc-loader reader driver that opens files through geoserve's trust rules.
-
-    Everything but the opening is odc-loader's rasterio driver (its environment handling and
-    metadata); each read opens the href with ``opener`` (the allowed GDAL drivers) and warps
-    the band onto the chunk's grid with rasterio (:class:`_Reader`).
-    """
-    from odc.loader import RioDriver
-
-    class GuardedDriver(RioDriver):  # type: ignore[misc]
-        def open(self, src: Any, ctx: Any) -> Any:
-            """A reader of ``src`` that opens it through ``opener``."""
-            return _Reader(src, opener)
-
-    return GuardedDriver()
-
-
-class _Reader:
-    """One file's reads for odc-loader (its ``RasterReader`` protocol)."""
-
-    def __init__(self, src: Any, opener: Opener) -> None:
-        self._src, self._opener = src, opener
-
-    def read(
-        self, cfg: Any, dst_geobox: Any, *, dst: Any = None, selection: Any = None
-    ) -> tuple[tuple[slice, slice], np.ndarray]:
-        h, w = dst_geobox.shape.yx
-        out = dst if dst is not None else np.empty((h, w), dtype=cfg.dtype or "float32")
-        fill = cfg.fill_value if cfg.fill_value is not None else math.nan
-        out[...] = fill
-        source = self._opener(self._src.uri)  # (open for the cube's life: see _Files)
-        with source.gdal_dataset() as ds:
-            band = int(self._src.band or 1)
-            nodata = ds.nodatavals[band - 1]
-            if nodata is None:
-                nodata = cfg.src_nodata_override or cfg.src_nodata_fallback
-            _warp(ds, band, out, nodata, fill, dst_geobox, cfg.resampling)
-        return (slice(0, h), slice(0, w)), out
-
-
-def _warp(ds: Any, band: int, out: np.ndarray, nodata: Any, fill: float, grid: Any,
-          resampling: str) -> None:  # fmt: skip
-    """Band ``band`` of ``ds`` warped into ``out`` on ``grid`` (an odc GeoBox)."""
-    import rasterio
-    from rasterio.enums import Resampling
-    from rasterio.errors import NotGeoreferencedWarning
-    from rasterio.warp import reproject
-
-    # rasterio warns of its in-memory destination before it gives it the grid; a filter, not
-    # catch_warnings (which is not thread-safe, and odc-stac reads in threads)
-    warnings.filterwarnings("ignore", _EMPTY_GRID, NotGeoreferencedWarning)
-    reproject(
-        rasterio.band(ds, band),
-        out,
-        src_nodata=nodata,
-        dst_transform=grid.transform,
-        dst_crs=grid.crs.to_wkt(),
-        dst_nodata=fill,
-        resampling=Resampling[resampling],
-    )
-
-
-#: rasterio's warning of a dataset being made, before its grid is set.
-_EMPTY_GRID = "Dataset has no geotransform, gcps, or rpcs"
 
 
 def _as_stac(item: pystac.Item, search: StacSearch) -> StacItem:
