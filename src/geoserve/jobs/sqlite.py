@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from geoserve.errors import ConfigError, JobStoreError
-from geoserve.jobs.sql import Cursor, SqlJobStore
+from geoserve.jobs.sql import SqlJobStore
+from geoserve.jobs.sql_connections import Cursor
 
 _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS geoserve_job_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
