@@ -5,6 +5,8 @@
   side (and ``bench.engine`` again, so the figures come from one run);
 - ``bench.prithvi``: Prithvi encoder throughput per variant, the engine's model step;
 - ``bench.server``: ``geoserve serve`` under load, cross-request batching on and off;
+- ``bench.many_models``: one three-model server against three one-model servers, one mixed load;
+- ``bench.cpu_backends``: torch and OpenVINO at fp32, bf16 and int8 on the CPU, side by side;
 - ``bench.trust``: load, a memory soak and costly small uploads against one source tree;
 - ``bench.host``: the host pipeline alone (no-op model) against GDAL decoding, 1 and 2 threads;
 - ``bench.generation``: served TerraMind generation (tiny at real size): throughput, step

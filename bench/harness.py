@@ -207,6 +207,30 @@ def serve_command(args: Sequence[str], *, bench_models: bool) -> list[str]:
     return [sys.executable, "-c", code]
 
 
+def start_serve(
+    args: Sequence[str], *, bench_models: bool, timeout_s: float = 60
+) -> tuple[str, subprocess.Popen[str]]:
+    """``geoserve serve ARGS --port P`` on a free port (see :func:`serve_command`), ready.
+
+    Returns its base URL and process (killed if it does not become ready).
+    """
+    port = free_port()
+    proc = subprocess.Popen(
+        serve_command([*args, "--port", str(port)], bench_models=bench_models),
+        cwd=ROOT,
+        text=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(url, proc, timeout_s=timeout_s)
+    except RuntimeError:
+        proc.kill()
+        raise
+    return url, proc
+
+
 def wait_ready(url: str, proc: subprocess.Popen[Any], timeout_s: float, log: str = "") -> None:
     """Poll ``URL/health/ready`` until it answers 200; raise if the server exits or times out.
 

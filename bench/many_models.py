@@ -27,15 +27,12 @@ from typing import Any
 import httpx
 
 from bench.harness import (
-    ROOT,
     cli,
-    free_port,
     machine,
     machine_line,
     proc_mb,
     publish,
-    serve_command,
-    wait_ready,
+    start_serve,
     write_section,
 )
 from bench.scenes import crops
@@ -48,22 +45,8 @@ REPEATS = 3
 
 
 def start(models: tuple[str, ...]) -> tuple[str, subprocess.Popen[str]]:
-    port = free_port()
-    args = ["serve", *[a for m in models for a in ("--model", m)], "--port", str(port), *FLAGS]
-    proc = subprocess.Popen(
-        serve_command(args, bench_models=True),
-        cwd=ROOT,
-        text=True,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_ready(url, proc, timeout_s=120)
-    except RuntimeError:
-        proc.kill()
-        raise
-    return url, proc
+    args = ["serve", *[a for m in models for a in ("--model", m)], *FLAGS]
+    return start_serve(args, bench_models=True, timeout_s=120)
 
 
 async def load(

@@ -19,15 +19,12 @@ from typing import Any
 import httpx
 
 from bench.harness import (
-    ROOT,
     cli,
-    free_port,
     machine,
     machine_line,
     publish,
-    serve_command,
+    start_serve,
     throughput,
-    wait_ready,
     write_section,
 )
 from bench.scenes import CROP_SIZES, crops
@@ -43,23 +40,11 @@ THREADS = 1
 FLAGS = ["--batch-size", str(BATCH), "--max-queued-patches", "100000", "--threads", str(THREADS)]
 
 
-def start_server(port: int, cross: bool) -> subprocess.Popen[str]:
-    args = ["serve", "--model", "bench-conv", "--port", str(port), *FLAGS]
+def start_server(cross: bool) -> tuple[str, subprocess.Popen[str]]:
+    args = ["serve", "--model", "bench-conv", *FLAGS]
     if not cross:
         args.append("--no-cross-request-batching")
-    proc = subprocess.Popen(
-        serve_command(args, bench_models=True),
-        cwd=ROOT,
-        text=True,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        wait_ready(f"http://127.0.0.1:{port}", proc, timeout_s=60)
-    except RuntimeError:
-        proc.kill()
-        raise
-    return proc
+    return start_serve(args, bench_models=True)
 
 
 async def load(url: str, bodies: list[bytes], concurrency: int, total: int) -> dict[str, Any]:
@@ -93,9 +78,9 @@ async def load(url: str, bodies: list[bytes], concurrency: int, total: int) -> d
 
 def run_both(bodies: list[bytes]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Both servers up at once; at each level the modes alternate, so drift hits both."""
-    ports = {True: free_port(), False: free_port()}
-    procs = {cross: start_server(port, cross) for cross, port in ports.items()}
-    urls = {cross: f"http://127.0.0.1:{port}" for cross, port in ports.items()}
+    started = {cross: start_server(cross) for cross in (True, False)}
+    procs = {cross: proc for cross, (_, proc) in started.items()}
+    urls = {cross: url for cross, (url, _) in started.items()}
     results: dict[bool, list[dict[str, Any]]] = {True: [], False: []}
     try:
         for url in urls.values():

@@ -117,12 +117,8 @@ class StacSearch:
 
     def to_json(self) -> dict[str, Any]:
         """The search as plain JSON values (its guards left out)."""
-        out = dataclasses.asdict(dataclasses.replace(self, vet_api=None, vet_asset=None))
-        out.pop("vet_api")
-        out.pop("vet_asset")
-        out["collections"] = list(self.collections)
-        out["bbox"] = list(self.bbox)
-        return out
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.compare}
+        return {**out, "collections": list(self.collections), "bbox": list(self.bbox)}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any], **guards: Any) -> StacSearch:

@@ -72,7 +72,8 @@ class Found:
         items: The Items found, clearest first.
         days: The days read, in cube order, each with its Items.
         assets: The asset key read for each band, by the band's label (``scl`` included).
-        crs, resolution, shape: The output grid.
+        crs, resolution, shape: The output grid (``shape``: rows, columns).
+        origin: The grid's top-left corner (x, y) in ``crs``.
     """
 
     items: list[pystac.Item]
@@ -81,6 +82,7 @@ class Found:
     crs: str
     resolution: float
     shape: tuple[int, int]
+    origin: tuple[float, float]
 
 
 def plan_search(search: StacSearch, selectors: Sequence[int | str] | None, frames: int) -> Found:
@@ -143,7 +145,8 @@ def _plan(
             f"most {MAX_GRID_PIXELS} pixels (a smaller bbox, or a coarser resolution)"
         )
     days = _choose_days(search, _by_day(items, search.bbox), frames)
-    return Found(items, days, assets, f"EPSG:{epsg}", resolution, shape)
+    origin = (bounds[0], bounds[3])
+    return Found(items, days, assets, f"EPSG:{epsg}", resolution, shape, origin)
 
 
 def search_cube(
@@ -162,8 +165,7 @@ def search_cube(
     found = plan_search(search, selectors, frames)
     vetted = _vet_hrefs(search, found)
     files = SearchFiles(search.name, vetted, opener, current())
-    crs, res = found.crs, found.resolution
-    x0, _, _, y1 = _bounds(search.bbox, int(crs.split(":")[1]), res)
+    crs, res, (x0, y1) = found.crs, found.resolution, found.origin
     geobox = GeoBox(found.shape, Affine(res, 0, x0, 0, -res, y1), crs)
     rank = {i.id: r for r, (_, day) in enumerate(found.days) for i in day}
     chosen = [_resolved(i, search) for _, day in found.days for i in day]
