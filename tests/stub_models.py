@@ -246,3 +246,21 @@ class NoisySteps(SteppedModel):
 
 
 import tests.generate_stub  # noqa: E402, F401  (registers test-generate)
+
+#: Models of test-slow-load built so far (each build sleeps GEOSERVE_TEST_SLOW_LOAD s, 0.5).
+SLOW_LOADS: list[float] = []
+
+
+@MODEL_REGISTRY.register_model("test-slow-load")
+@INPUT_REGISTRY.register_input_processor(GeoTiffPatcher(patch_size=16, stride=16, blend="none"))
+@OUTPUT_REGISTRY.register_output_processor(RawReassembler())
+class SlowLoad(nn.Module):
+    """Identity whose every build takes GEOSERVE_TEST_SLOW_LOAD seconds (a large checkpoint)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        SLOW_LOADS.append(time.monotonic())
+        time.sleep(float(os.environ.get("GEOSERVE_TEST_SLOW_LOAD", "0.5")))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x

@@ -149,8 +149,8 @@ class Client:
             for entry in data:
                 if not isinstance(entry, dict) or not isinstance(entry.get("id"), str):
                     raise UntrustedAnswerError(f"GET {self.url}/v1/models: a model has no name")
-            if not all(entry.get("ready") for entry in data):
-                return data  # (asked again next time)
+            if not all(entry.get("ready") and "input" in entry for entry in data):
+                return data  # (asked again next time: one loads, or has never loaded)
             self._models = data
         return self._models
 

@@ -146,6 +146,10 @@ class QueueFullError(GeoServeError, RuntimeError):
     """Raised when admitting a request would exceed the bound on queued patches."""
 
 
+class ModelLoadError(GeoServeError, RuntimeError):
+    """Raised for requests to a served model that failed to load (the server's fault: 500)."""
+
+
 class ShuttingDownError(GeoServeError, RuntimeError):
     """Raised for new requests while the engine drains before shutdown."""
 

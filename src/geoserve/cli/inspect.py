@@ -56,7 +56,12 @@ def _server_models(args: argparse.Namespace) -> int:
         kinds = output.get("kinds") if isinstance(output.get("kinds"), list) else []
         inp: dict[str, Any] = _mapping(entry.get("input"))
         bands = inp.get("bands") if isinstance(inp.get("bands"), list) else None
-        parts = [_shown(entry["id"]), "ready" if entry.get("ready") else "loading"]
+        state = entry.get("state")  # (a server before lazy loading gives only "ready")
+        if state not in ("loaded", "loading", "unloaded", "failed"):
+            state = "ready" if entry.get("ready") else "loading"
+        elif state == "unloaded":
+            state = "not loaded (loads on first use)"
+        parts = [_shown(entry.get("id")), state]
         if kinds:
             parts.append("output " + ", ".join(_shown(k) for k in kinds))
         if bands:

@@ -36,6 +36,7 @@ from geoserve.engine.ledger import MemoryLedger
 from geoserve.engine.limits import check_request
 from geoserve.engine.request import Request
 from geoserve.engine.request_spec import RequestSpec
+from geoserve.engine.turns import Turns
 from geoserve.errors import (
     GeoServeError,
     PayloadTooLargeError,
@@ -69,6 +70,8 @@ class AsyncEngine:
         admission_threads: Threads opening requests' inputs, in each of two lanes: requests
             that reach other hosts, and the rest (see :mod:`geoserve.engine.admission_pool`);
             None: cores + 4, at most 32 (as asyncio's default executor).
+        turns: Shared with the other engines on the same device: each step runs only while
+            this engine holds the turn (:class:`~geoserve.engine.turns.Turns`), as ``name``.
     """
 
     def __init__(
@@ -81,8 +84,12 @@ class AsyncEngine:
         max_wait_ms: float = 0.0,
         on_batch: Callable[[int], None] | None = None,
         admission_threads: int | None = None,
+        turns: Turns | None = None,
+        name: str = "",
     ) -> None:
         self.engine = engine
+        self._turns = turns
+        self._name = name
         self._admission = AdmissionPool(admission_threads)
         self.max_queued_patches = max_queued_patches
         self.max_pixels = max_pixels
@@ -309,7 +316,11 @@ class AsyncEngine:
         if not self._wait_for_fill():
             return False
         try:
-            results = self.engine.step()
+            if self._turns is None:
+                results = self.engine.step()
+            else:
+                with self._turns.turn(self._name):
+                    results = self.engine.step()
         except Exception as exc:  # the engine isolates request errors; this guards bugs
             logger.exception("engine step failed")
             self._fail_all(GeoServeError(f"internal engine error: {exc!r}"))

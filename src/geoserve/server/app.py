@@ -50,7 +50,6 @@ from geoserve.server.job_service import JobService
 from geoserve.server.map_routes import MapRoutes
 from geoserve.server.metrics import Metrics
 from geoserve.server.middleware import GuardMiddleware, unless_disconnected
-from geoserve.server.model_entry import model_entry
 from geoserve.server.ogc_routes import OgcRoutes
 from geoserve.server.served import ServedEngines
 from geoserve.server.settings import ServerSettings
@@ -85,7 +84,7 @@ class _Service:
             for m in settings.served
         }
         self.metrics = Metrics(batches, settings.model_names)
-        self.state: dict[str, Any] = {"engine": None, "draining": False, "load_error": None}
+        self.state: dict[str, Any] = {"started": False, "draining": False, "load_error": None}
         self.served = ServedEngines(settings, self.metrics, self.state, engine)
         self.jobs: JobService | None = None
 
@@ -105,10 +104,6 @@ class _Service:
             self.served.errors.update(dict.fromkeys(s.model_names, exc))
             return
         self.served.load()
-
-    def ready_engine(self, model: str | None = None) -> AsyncEngine:
-        """The engine of the model a request names (``None``: the one served), or why none."""
-        return self.served.ready(model)
 
     def label(self, model: str) -> str | None:
         """``model`` as the metrics name it (``None`` on a one-model server: no label)."""
@@ -146,37 +141,37 @@ class _Service:
         (``request_timeout_s``) covers downloading its inputs as well as the engine's work; a
         client that disconnects cancels both. ``model``: the served model that runs it.
         """
-        eng = self.ready_engine(model)
-        client_id = request.headers.get("x-request-id")
-        if client_id is not None and not _REQUEST_ID.fullmatch(client_id):
-            raise InputError("X-Request-Id may hold only letters, digits, '-' and '_' (<= 128)")
-        # the engine's key and the output's file name are always the server's own: a client's
-        # id is only echoed back and logged, so two clients sending the same one never meet
-        rid = f"geo-{uuid.uuid4().hex}"
-        if client_id is not None:
-            logger.info("request %s has client id %s", rid, client_id)
-        out_format = _OUT_FORMATS[out_data_format]
-        spec = RequestSpec.of(spec, request_id=rid, out_format=out_format)
-        spec = spec.check(eng.engine, upfront=True)  # (before anything is downloaded)
-        kinds = spec.output_kind or [getattr(p, "kind", "raw") for p in eng.engine.out_procs]
-        if out_data_format == "geotiff" and (len(kinds) > 1 or kinds[0] in VECTOR_KINDS):
-            raise InputError(
-                "out_data_format 'geotiff' returns one GeoTIFF; for "
-                f"{'several output kinds' if len(kinds) > 1 else 'polygons'} ask for "
-                "'b64_json' or 'path'"
-            )
-        path = self.output_path(rid, out_format, kinds, model)
-        t0 = time.perf_counter()
+        t0 = time.perf_counter()  # (a model that loads first: its wait is the request's too)
         deadline = time.monotonic() + self.settings.request_timeout_s
-        budget = open_budget(self.settings, deadline)
+        async with self.served.lease(model, self.settings.request_timeout_s) as eng:
+            client_id = request.headers.get("x-request-id")
+            if client_id is not None and not _REQUEST_ID.fullmatch(client_id):
+                raise InputError("X-Request-Id may hold only letters, digits, '-' and '_' (<= 128)")
+            # the engine's key and the output's file name are always the server's own: a client's
+            # id is only echoed back and logged, so two clients sending the same one never meet
+            rid = f"geo-{uuid.uuid4().hex}"
+            if client_id is not None:
+                logger.info("request %s has client id %s", rid, client_id)
+            out_format = _OUT_FORMATS[out_data_format]
+            spec = RequestSpec.of(spec, request_id=rid, out_format=out_format)
+            spec = spec.check(eng.engine, upfront=True)  # (before anything is downloaded)
+            kinds = spec.output_kind or [getattr(p, "kind", "raw") for p in eng.engine.out_procs]
+            if out_data_format == "geotiff" and (len(kinds) > 1 or kinds[0] in VECTOR_KINDS):
+                raise InputError(
+                    "out_data_format 'geotiff' returns one GeoTIFF; for "
+                    f"{'several output kinds' if len(kinds) > 1 else 'polygons'} ask for "
+                    "'b64_json' or 'path'"
+                )
+            path = self.output_path(rid, out_format, kinds, model)
+            budget = open_budget(self.settings, deadline)
 
-        spec = RequestSpec.of(spec, output_path=path)
-        held = request.scope.get("geoserve.held")
-        job = self.gather_submit(spec, deadline, budget, eng, held)
-        try:
-            result = await unless_disconnected(request, job)
-        finally:  # (done, timed out or its client left: nothing more reaches a host for it)
-            budget.cancel()
+            spec = RequestSpec.of(spec, output_path=path)
+            held = request.scope.get("geoserve.held")
+            job = self.gather_submit(spec, deadline, budget, eng, held)
+            try:
+                result = await unless_disconnected(request, job)
+            finally:  # (done, timed out or its client left: nothing more reaches a host for it)
+                budget.cancel()
         label = self.label(model)
         self.metrics.observe_latency(request.url.path, time.perf_counter() - t0, label)
         if result.error is not None:
@@ -217,19 +212,19 @@ class _Service:
         job's ``process_id`` in the store, the model it was submitted to).
         """
         model = await self.job_model(spec.request_id)
-        eng = self.ready_engine(model)
-        spec = RequestSpec.of(spec, out_format="path").check(eng.engine, upfront=True)
-        kinds = spec.output_kind or [getattr(p, "kind", "raw") for p in eng.engine.out_procs]
-        fmt = self.settings.engine_of(model).polygon_format
-        path = directory / ("out" if len(kinds) > 1 else f"out{kind_suffix(kinds[0], fmt)}")
-        deadline = time.monotonic() + self.settings.request_timeout_s
-        budget = open_budget(self.settings, deadline)
-        try:
-            return await self.gather_submit(
-                RequestSpec.of(spec, output_path=path), deadline, budget, eng
-            )
-        finally:
-            budget.cancel()
+        async with self.served.lease(model) as eng:
+            spec = RequestSpec.of(spec, out_format="path").check(eng.engine, upfront=True)
+            kinds = spec.output_kind or [getattr(p, "kind", "raw") for p in eng.engine.out_procs]
+            fmt = self.settings.engine_of(model).polygon_format
+            path = directory / ("out" if len(kinds) > 1 else f"out{kind_suffix(kinds[0], fmt)}")
+            deadline = time.monotonic() + self.settings.request_timeout_s
+            budget = open_budget(self.settings, deadline)
+            try:
+                return await self.gather_submit(
+                    RequestSpec.of(spec, output_path=path), deadline, budget, eng
+                )
+            finally:
+                budget.cancel()
 
     async def job_model(self, job_id: str | None) -> str:
         """The model a job was submitted to (one model served: that one)."""
@@ -297,9 +292,10 @@ class _Service:
         )
         model = self.served.pick(body.model)
         bands = list(body.data.indices) if body.data.indices is not None else None
-        engine = self.ready_engine(model).engine
-        raster: list[str] = [p.kind for p in engine.out_procs if p.kind not in NOT_A_GEOTIFF]
-        raster = raster or [k for k in engine.kinds_offered() if k not in NOT_A_GEOTIFF]
+        async with self.served.lease(model) as eng:
+            engine = eng.engine
+            raster: list[str] = [p.kind for p in engine.out_procs if p.kind not in NOT_A_GEOTIFF]
+            raster = raster or [k for k in engine.kinds_offered() if k not in NOT_A_GEOTIFF]
         spec = RequestSpec(
             body.data.data,
             data_format=_IN_FORMATS[body.data.data_format],
@@ -325,8 +321,7 @@ class _Service:
 
     async def models(self) -> dict[str, Any]:
         """GET /v1/models: every served model and its processors, in order."""
-        engines = self.served.engines
-        data = [model_entry(name, engines.get(name)) for name in self.served.names]
+        data = [self.served.describe(name) for name in self.served.names]
         return {"object": "list", "data": data}
 
     def _stopped(self) -> str | None:
@@ -344,14 +339,17 @@ class _Service:
         return JSONResponse({"status": "ok"})
 
     async def ready(self) -> Response:
-        """GET /health/ready: 200 once every model is loaded; 503 while loading or draining."""
+        """GET /health/ready: 200 once the start-up loads are done.
+
+        503 while they run, after one failed, or while draining.
+        """
         if (stopped := self._stopped()) is not None:
             return JSONResponse({"status": "failed", "message": stopped}, 503)
         if self.state["draining"]:
             return JSONResponse({"status": "draining"}, 503)
         if self.state["load_error"] is not None:
             return JSONResponse({"status": "failed", "message": str(self.state["load_error"])}, 503)
-        if self.state["engine"] is None or len(self.served.engines) < len(self.served.names):
+        if not self.served.all_loaded_at_start:  # (the others load on their first request)
             return JSONResponse({"status": "loading"}, 503)
         return JSONResponse({"status": "ready"})
 

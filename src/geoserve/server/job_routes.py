@@ -235,8 +235,8 @@ class JobRoutes:
         """
         store = self.store()
         model = self.served.pick(model)
-        eng = self.served.ready(model)
-        spec = RequestSpec.of(spec, out_format="path").check(eng.engine, upfront=True)
+        async with self.served.lease(model) as eng:
+            spec = RequestSpec.of(spec, out_format="path").check(eng.engine, upfront=True)
         queued = await asyncio.to_thread(store.count, (ACCEPTED, RUNNING))
         if queued >= self.settings.max_jobs:
             raise QueueFullError(

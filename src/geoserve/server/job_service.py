@@ -75,20 +75,21 @@ class JobService:
             self.store = await asyncio.to_thread(self._open)
 
     async def start_when_ready(self, state: dict[str, Any]) -> None:
-        """Start the runner once the model has loaded (never if it failed to load)."""
+        """Start the runner once the start-up loads are done (never if one failed)."""
         if self.settings.output_dir is None:
             return
-        while state["engine"] is None:
-            if state["load_error"] is not None:
-                return
+        while not state["started"]:
             await asyncio.sleep(0.05)
+        if state["load_error"] is not None:
+            return
         while self.store is None:  # (made when the first job comes)
             await asyncio.sleep(0.2)
         served = self.served
 
         def item(job: Job, result: ImageRequestOutput, directory: Path) -> str:
             model = job.process_id if served.several else None  # (one: as it always was)
-            return write_job_item(served.ready(model), job, result, directory)
+            with served.hold(model) as eng:  # (a thread of the runner's)
+                return write_job_item(eng, job, result, directory)
 
         self.runner = JobRunner(
             self.store,

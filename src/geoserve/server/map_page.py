@@ -7,6 +7,7 @@ nothing else.
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from importlib import resources
 
 from fastapi import FastAPI
@@ -32,11 +33,15 @@ UI_FILES = {
 
 
 class MapPage:
-    """The page's routes; ``service`` gives the tile service (the model's classes, colours)."""
+    """The page's routes; ``lease`` gives the tile service (the model's classes, colours)."""
 
-    def __init__(self, settings: ServerSettings, service: Callable[[], TileService]) -> None:
+    def __init__(
+        self,
+        settings: ServerSettings,
+        lease: Callable[[], AbstractAsyncContextManager[TileService]],
+    ) -> None:
         self.settings = settings
-        self.service = service
+        self.lease = lease
 
     def register(self, app: FastAPI) -> None:
         """Add the routes."""
@@ -50,19 +55,19 @@ class MapPage:
 
     async def page_config(self) -> JSONResponse:
         """GET /ui/config.json: what the page shows (model, classes, colours, basemap)."""
-        service = self.service()
-        return JSONResponse(
-            {
-                "model": self.settings.model,
-                "classes": service.class_names(),
-                "colors": [list(c) for c in service.colors()],
-                "transparent": service.transparent_classes(),
-                "ramp": ramp_stops(),
-                "confidence_range": list(service.confidence_range()),
-                "uploads": self.settings.output_dir is not None,
-                "basemap_url": self.settings.basemap_url,
-            }
-        )
+        async with self.lease() as service:
+            return JSONResponse(
+                {
+                    "model": self.settings.model,
+                    "classes": service.class_names(),
+                    "colors": [list(c) for c in service.colors()],
+                    "transparent": service.transparent_classes(),
+                    "ramp": ramp_stops(),
+                    "confidence_range": list(service.confidence_range()),
+                    "uploads": self.settings.output_dir is not None,
+                    "basemap_url": self.settings.basemap_url,
+                }
+            )
 
     async def ui_file(self, name: str) -> Response:
         """GET /ui/NAME: one of the page's own files (nothing else)."""

@@ -16,12 +16,13 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
-from typing import Any
+import contextlib
+from collections.abc import AsyncIterator, Iterator
 
 from fastapi import FastAPI
 from fastapi.responses import Response
 
+from geoserve.engine.async_engine import AsyncEngine
 from geoserve.engine.patch_cache import PatchCache
 from geoserve.errors import InputError
 from geoserve.server.gather import open_budget
@@ -36,7 +37,7 @@ from geoserve.tiles.service import TILE_KINDS, TileService
 
 
 class MapRoutes:
-    """The routes above, on one app; the tile service starts with the engine."""
+    """The routes above, on one app; each model's tile service is made on its leased engine."""
 
     def __init__(self, settings: ServerSettings, served: ServedEngines, metrics: Metrics) -> None:
         self.settings = settings
@@ -46,10 +47,10 @@ class MapRoutes:
         self.caches = {name: PatchCache(share) for name in names}
         self.cache = self.caches[names[0]]
         self._services: dict[str, TileService] = {}
+        served.on_unload.append(self._forget)
         self.sources = MapSources(settings)
-        first: Callable[[], Any] = lambda: served.ready(settings.model)  # noqa: E731
-        self.scenes = SceneRoutes(settings, first, lambda: self.service, metrics)
-        self.page = MapPage(settings, lambda: self.service)
+        self.scenes = SceneRoutes(settings, self.lease_first, self.hold_first, metrics)
+        self.page = MapPage(settings, self.lease_first)
         collected = self.cache if len(names) == 1 else self.caches
         metrics.registry.register(PatchCacheCollector(collected))
 
@@ -60,25 +61,39 @@ class MapRoutes:
         if self.settings.ui:
             self.page.register(app)
 
-    @property
-    def service(self) -> TileService:
-        """The tile service on the first served model's ready engine (scenes, the page)."""
-        return self.service_of(self.settings.model)
+    @contextlib.asynccontextmanager
+    async def lease(self, model: str | None) -> AsyncIterator[TileService]:
+        """The tile service of the served model ``model``, its engine leased while held."""
+        async with self.served.lease(model) as engine:
+            yield self._service(self.served.pick(model), engine)
 
-    def service_of(self, model: str | None) -> TileService:
-        """The tile service on the ready engine of the served model ``model``."""
-        name = self.served.pick(model)
-        if name not in self._services:
-            engine = self.served.ready(name)
+    def lease_first(self) -> contextlib.AbstractAsyncContextManager[TileService]:
+        """:meth:`lease` of the first served model (the one scenes and the page use)."""
+        return self.lease(self.settings.model)
+
+    @contextlib.contextmanager
+    def hold_first(self) -> Iterator[TileService]:
+        """:meth:`lease_first` for a thread."""
+        with self.served.hold(self.settings.model) as engine:
+            yield self._service(self.settings.model, engine)
+
+    def _service(self, name: str, engine: AsyncEngine) -> TileService:
+        """The tile service on ``engine`` (made again when the model was reloaded)."""
+        service = self._services.get(name)
+        if service is None or service.engine is not engine:
             formats = tuple(self.settings.engine.allowed_formats)
-            self._services[name] = TileService(
+            service = self._services[name] = TileService(
                 engine,
                 self.caches[name],
                 formats,
                 self.settings.request_timeout_s,
                 lambda deadline: open_budget(self.settings, deadline),
             )
-        return self._services[name]
+        return service
+
+    def _forget(self, name: str) -> None:
+        """An unloaded model's tile service goes with it (its patch cache stays: same model)."""
+        self._services.pop(name, None)
 
     async def tile(
         self,
@@ -96,19 +111,19 @@ class MapRoutes:
             raise InputError(
                 f"kind: {kind[:40]!r} is not a tile kind; choose {', '.join(TILE_KINDS)}"
             )
-        service = self.service_of(model)
-        hidden = _class_codes(hide, len(service.class_names()))
-        if source.startswith("output:"):
-            path = self.sources.output_file(source.removeprefix("output:"))
-            if kind == "input":
-                raise InputError("kind: a stored output has no input bands; ask for classes")
-            body = await asyncio.to_thread(service.stored_tile, path, z, x, y, kind, hidden)  # type: ignore[arg-type]
-        elif source.startswith("scn-"):
-            with self.scenes.store.use(source) as scene:  # (not evicted while its tile is made)
-                body = await service.tile(scene.source(), z, x, y, kind, hidden)  # type: ignore[arg-type]
-        else:
-            tile_source = await self.sources.resolve(source)
-            body = await service.tile(tile_source, z, x, y, kind, hidden)  # type: ignore[arg-type]
+        async with self.lease(model) as service:
+            hidden = _class_codes(hide, len(service.class_names()))
+            if source.startswith("output:"):
+                path = self.sources.output_file(source.removeprefix("output:"))
+                if kind == "input":
+                    raise InputError("kind: a stored output has no input bands; ask for classes")
+                body = await asyncio.to_thread(service.stored_tile, path, z, x, y, kind, hidden)  # type: ignore[arg-type]
+            elif source.startswith("scn-"):
+                with self.scenes.store.use(source) as scene:  # (not evicted while its tile is made)
+                    body = await service.tile(scene.source(), z, x, y, kind, hidden)  # type: ignore[arg-type]
+            else:
+                tile_source = await self.sources.resolve(source)
+                body = await service.tile(tile_source, z, x, y, kind, hidden)  # type: ignore[arg-type]
         return Response(body, media_type="image/png", headers={"Cache-Control": "no-store"})
 
 

@@ -91,6 +91,30 @@ class Metrics:
             per,
             registry=r,
         )
+        self.loaded = Gauge(
+            "geoserve_model_loaded",
+            "1 while the model is loaded, 0 when not",
+            ["model"],
+            registry=r,
+        )
+        for name in models:
+            self.loaded.labels(model=name).set(0)
+        self.loads = Counter(
+            "geoserve_model_loads", "Times the model was loaded", ["model"], registry=r
+        )
+        self.unloads = Counter(
+            "geoserve_model_unloads",
+            "Times the model was unloaded to make room",
+            ["model"],
+            registry=r,
+        )
+        self.load_seconds = Histogram(
+            "geoserve_model_load_seconds",
+            "Time to load the model (build, weights, warm-up)",
+            ["model"],
+            buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300),
+            registry=r,
+        )
         self.steps = StepStatsCollector(self.by_model)
         r.register(self.steps)
         self._default_batch = max_batch_patches
@@ -112,6 +136,17 @@ class Metrics:
         self.of(self.queue_depth, model).set_function(queue_depth)
         self.of(self.in_flight, model).set_function(in_flight)
         self.steps.stats[model] = steps
+
+    def model_loaded(self, model: str, seconds: float) -> None:
+        """Record that ``model`` loaded, in ``seconds``."""
+        self.loaded.labels(model=model).set(1)
+        self.loads.labels(model=model).inc()
+        self.load_seconds.labels(model=model).observe(seconds)
+
+    def model_unloaded(self, model: str) -> None:
+        """Record that ``model`` was unloaded to make room."""
+        self.loaded.labels(model=model).set(0)
+        self.unloads.labels(model=model).inc()
 
     def observe_batch(self, size: int, model: str | None = None) -> None:
         """Record one forward pass of ``model`` (called from its engine thread)."""

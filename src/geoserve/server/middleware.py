@@ -239,8 +239,7 @@ class GuardMiddleware:
             )
             return
         json_body = "json" in headers.get("content-type", "")
-        engine = self.state.get("engine")
-        ledger = engine.memory if engine is not None else None
+        ledger = self.state.get("ledger")
         ex = _Exchange(receive, send, self.limit, ledger, 2 if json_body else 1)
         scope["geoserve.held"] = ex.key
         self.state["in_flight"] += 1

@@ -182,8 +182,8 @@ class OgcRoutes:
     async def process(self, request: Request, process_id: str) -> Response:
         """GET /ogcapi/processes/{processId}: its inputs and outputs."""
         model = self._check_process(process_id)
-        eng = self.served.ready(model)
-        return JSONResponse(process_description(model, self._base(request), eng))
+        async with self.served.lease(model) as eng:
+            return JSONResponse(process_description(model, self._base(request), eng))
 
     async def execute(self, request: Request, process_id: str) -> Response:
         """POST .../execution: a job; async with ``Prefer: respond-async``, else awaited."""
@@ -196,7 +196,8 @@ class OgcRoutes:
         if not isinstance(body, dict):
             raise InputError("the execute request must be a JSON object")
         spec = spec_of(body.get("inputs"))
-        offered = self.served.ready(model).engine.kinds_offered()
+        async with self.served.lease(model) as eng:
+            offered = eng.engine.kinds_offered()
         inline = inline_outputs(body.get("outputs"), offered)
         job = await self.jobs.create_job(spec, inline, model=model)
         info = status_info(job, self.jobs.base(request))

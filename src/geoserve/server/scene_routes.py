@@ -14,6 +14,7 @@ import os
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from typing import Any, BinaryIO
 
 from fastapi import FastAPI, Request
@@ -33,18 +34,22 @@ CHUNK = 1024 * 1024
 
 
 class SceneRoutes:
-    """The routes above; ``service`` gives the tile service (started with the engine)."""
+    """The routes above.
+
+    ``lease`` (``hold`` in a thread) gives the tile service of the model that predicts
+    scenes, its engine leased while held.
+    """
 
     def __init__(
         self,
         settings: ServerSettings,
-        ready_engine: Callable[[], Any],
-        service: Callable[[], TileService],
+        lease: Callable[[], AbstractAsyncContextManager[TileService]],
+        hold: Callable[[], AbstractContextManager[TileService]],
         metrics: Metrics,
     ) -> None:
         self.settings = settings
-        self.ready_engine = ready_engine
-        self.service = service
+        self.lease = lease
+        self.hold = hold
         self.metrics = metrics
         self._store: SceneStore | None = None
 
@@ -90,9 +95,10 @@ class SceneRoutes:
             data, name = await request.body(), "upload.tif"
         if not data:
             raise InputError("empty upload: send the GeoTIFF as a 'file' part or as the body")
-        store, service = self.store, self.service()
-        check = self._check_feeds_model if service.class_names() else None
-        scene = await asyncio.to_thread(store.add, data, name, check)
+        store = self.store
+        async with self.lease() as service:
+            check = self._check_feeds_model if service.class_names() else None
+            scene = await asyncio.to_thread(store.add, data, name, check)
         return scene.describe(self.settings.scene_ttl_s)
 
     def _check_feeds_model(self, upload: NamedBytes) -> None:
@@ -104,7 +110,8 @@ class SceneRoutes:
         """
         try:
             spec = RequestSpec(upload, data_format="bytes", out_format="tensor", output_kind="raw")
-            request = self.service().engine.engine.prepare_request(spec)
+            with self.hold() as service:
+                request = service.engine.engine.prepare_request(spec)
         except PayloadTooLargeError:
             return
         request.close()
@@ -120,22 +127,23 @@ class SceneRoutes:
 
     async def predict(self, sid: str) -> dict[str, Any]:
         """POST /v1/scenes/{id}/predict: the whole scene's classes, stored beside it."""
-        engine = self.ready_engine()
         t0 = time.perf_counter()
-        with self.store.use(sid) as scene:  # (not evicted or expired while it runs)
-            spec = RequestSpec(
-                str(scene.path),
-                request_id=f"geo-{uuid.uuid4().hex}",
-                output_path=scene.prediction,
-                output_kind=["classes"],
-            )
-            result = await engine.submit(spec, timeout=self.settings.request_timeout_s)
-            result.raise_for_error()
-            self.metrics.observe_outputs(result)
-            if not self.store.holds(scene):  # deleted while it ran
-                await asyncio.to_thread(self.store.discard_files, scene)
-                raise NotFoundError(f"scene {sid}: deleted while it was predicted")
-            await asyncio.to_thread(add_overviews, scene.prediction)  # (or the map goes)
+        async with self.lease() as service:  # (the model kept loaded while the scene runs)
+            engine = service.engine
+            with self.store.use(sid) as scene:  # (not evicted or expired while it runs)
+                spec = RequestSpec(
+                    str(scene.path),
+                    request_id=f"geo-{uuid.uuid4().hex}",
+                    output_path=scene.prediction,
+                    output_kind=["classes"],
+                )
+                result = await engine.submit(spec, timeout=self.settings.request_timeout_s)
+                result.raise_for_error()
+                self.metrics.observe_outputs(result)
+                if not self.store.holds(scene):  # deleted while it ran
+                    await asyncio.to_thread(self.store.discard_files, scene)
+                    raise NotFoundError(f"scene {sid}: deleted while it was predicted")
+                await asyncio.to_thread(add_overviews, scene.prediction)  # (or the map goes)
         return {
             "id": scene.id,
             "download": f"v1/scenes/{scene.id}/prediction.tif",

@@ -107,6 +107,13 @@ class ServerFields(BaseModel):
     """Largest job input given inline (base64, decoded size); larger gets 413. Also the
     largest output a job's results give inline when asked (Prefer: return=representation, or
     an OGC output by value); a larger one stays a download link."""
+    max_loaded_models: int | None = Field(None, ge=1)
+    """Most of the served models loaded at once: a model loads on its first request (one
+    that arrives while it loads waits for it), and to make room the least recently used model
+    with no request, job or tile in flight is unloaded; unset: every model stays loaded."""
+    preload: bool | None = None
+    """Load models at start-up, in the order served (at most --max-loaded-models of them);
+    unset: yes, unless --max-loaded-models is set (then each loads on its first request)."""
     allow_hub_weights: bool = False
     """Let --weights be a Hub reference (hf://...), fetched from huggingface.co (or HF_ENDPOINT)
     at start-up; off: the server refuses to start with one."""
@@ -147,14 +154,17 @@ class ServedModel(BaseModel):
     """Registered model name."""
     engine: EngineConfig = Field(default_factory=EngineConfig)
     """Its engine's options: the server's ``engine`` with this model's own over them."""
+    share: float = Field(1.0, gt=0)
+    """Its share of the device beside the other served models: models with work waiting get
+    device time in proportion to their shares (:class:`~geoserve.engine.turns.Turns`)."""
 
 
 def served_model(entry: Any, base: Mapping[str, Any], where: str) -> dict[str, Any]:
     """A ``models`` entry as :class:`ServedModel`'s fields.
 
-    ``entry``: a name, or a mapping of ``name`` and engine options (each an
-    :class:`~geoserve.config.EngineConfig` field) that override ``base`` (the server's engine
-    options as given) for this model. The server-wide options
+    ``entry``: a name, or a mapping of ``name``, an optional ``share`` and engine options
+    (each an :class:`~geoserve.config.EngineConfig` field) that override ``base`` (the
+    server's engine options as given) for this model. The server-wide options
     (:data:`SERVER_WIDE_ENGINE_OPTIONS`) are refused in an entry.
 
     Raises:
@@ -162,7 +172,7 @@ def served_model(entry: Any, base: Mapping[str, Any], where: str) -> dict[str, A
             ``where``, the entry and the field).
     """
     if isinstance(entry, ServedModel):
-        return {"name": entry.name, "engine": entry.engine}
+        return {"name": entry.name, "engine": entry.engine, "share": entry.share}
     if isinstance(entry, str):
         entry = {"name": entry}
     if not isinstance(entry, Mapping):
@@ -171,11 +181,14 @@ def served_model(entry: Any, base: Mapping[str, Any], where: str) -> dict[str, A
     name = options.pop("name", None)
     if not isinstance(name, str) or not name.strip():
         raise ConfigError(f"{where}: name: the registered model name is required")
+    share = options.pop("share", 1.0)
+    if isinstance(share, bool) or not isinstance(share, (int, float)) or not share > 0:
+        raise ConfigError(f"{where} ({name}): share: a number > 0 (its share of the device)")
     if set(options) == {"engine"}:  # a ServedModel as model_dump() gives it: whole already
         engine = options["engine"]
         if not isinstance(engine, EngineConfig):
             engine = EngineConfig.checked(dict(engine), source=f"{where} ({name})")
-        return {"name": name, "engine": engine}
+        return {"name": name, "engine": engine, "share": float(share)}
     wide = [k for k in options if k in SERVER_WIDE_ENGINE_OPTIONS]
     if wide:
         raise ConfigError(
@@ -183,7 +196,7 @@ def served_model(entry: Any, base: Mapping[str, Any], where: str) -> dict[str, A
             "the top level"
         )
     engine = EngineConfig.checked({**base, **options}, source=f"{where} ({name})")
-    return {"name": name, "engine": engine}
+    return {"name": name, "engine": engine, "share": float(share)}
 
 
 class ServerSettings(ServerFields):
@@ -240,12 +253,18 @@ class ServerSettings(ServerFields):
     @property
     def served(self) -> list[ServedModel]:
         """Every served model with its engine options, in order (one: ``model``)."""
-        return list(self.models) or [ServedModel(name=self.model, engine=self.engine)]
+        return list(self.models) or [ServedModel(name=self.model, engine=self.engine, share=1.0)]
 
     @property
     def model_names(self) -> list[str]:
         """The served models' names, in order."""
         return [m.name for m in self.served]
+
+    @property
+    def preloaded(self) -> list[str]:
+        """The models loaded at start-up (``preload``, at most ``max_loaded_models``)."""
+        lazy = self.preload is False or (self.preload is None and self.max_loaded_models)
+        return [] if lazy else self.model_names[: self.max_loaded_models]
 
     def engine_of(self, name: str) -> EngineConfig:
         """The engine options of the served model ``name``."""
