@@ -13,7 +13,9 @@ set (VmRSS) after the runs: the one server's against the three servers' sum.
 
 A second load asks for the share one model gets when another is flooded: 64 clients on
 ``bench-conv`` and 4 on ``ndwi-water`` at once, against the one server; its p99 for
-``ndwi-water`` beside ``ndwi-water``'s alone on the same server.
+``ndwi-water`` beside ``ndwi-water``'s alone on the same server. Both loads also run against
+the one server started with ``--device-turns`` (one model's batch at a time, as on an
+accelerator), to show what the turns cost where the device is the CPU's cores.
 """
 
 from __future__ import annotations
@@ -44,8 +46,8 @@ LEVELS = (3, 12, 48)
 REPEATS = 3
 
 
-def start(models: tuple[str, ...]) -> tuple[str, subprocess.Popen[str]]:
-    args = ["serve", *[a for m in models for a in ("--model", m)], *FLAGS]
+def start(models: tuple[str, ...], *extra: str) -> tuple[str, subprocess.Popen[str]]:
+    args = ["serve", *[a for m in models for a in ("--model", m)], *FLAGS, *extra]
     return start_serve(args, bench_models=True, timeout_s=120)
 
 
@@ -119,29 +121,40 @@ async def flooded(url: str, bodies: list[bytes], total_b: int) -> dict[str, floa
 
 def run() -> dict[str, Any]:
     bodies = crops()
-    one_url, one = start(MODELS)
-    singles = {m: start((m,)) for m in MODELS}
+    started: list[subprocess.Popen[str]] = []
     try:
-        shared = [(one_url, m) for m in MODELS]
-        apart = [(singles[m][0], None) for m in MODELS]
-        asyncio.run(load(shared, bodies, 3, 6))  # warm-up: every model once
-        asyncio.run(load(apart, bodies, 3, 6))
+        one_url, one = start(MODELS)
+        started.append(one)
+        turns_url, turns = start(MODELS, "--device-turns")
+        started.append(turns)
+        singles: dict[str, tuple[str, subprocess.Popen[str]]] = {}
+        for m in MODELS:
+            singles[m] = start((m,))
+            started.append(singles[m][1])
+        ways = {
+            "one": [(one_url, m) for m in MODELS],
+            "turns": [(turns_url, m) for m in MODELS],
+            "three": [(singles[m][0], None) for m in MODELS],
+        }
+        for targets in ways.values():
+            asyncio.run(load(targets, bodies, 3, 6))  # warm-up: every model once
         levels = []
         for c in LEVELS:
-            runs: dict[str, list[dict[str, Any]]] = {"one": [], "three": []}
+            runs: dict[str, list[dict[str, Any]]] = {k: [] for k in ways}
             for _ in range(REPEATS):
-                runs["one"].append(asyncio.run(load(shared, bodies, c, max(24, 2 * c))))
-                runs["three"].append(asyncio.run(load(apart, bodies, c, max(24, 2 * c))))
+                for way, targets in ways.items():
+                    runs[way].append(asyncio.run(load(targets, bodies, c, max(60, 4 * c))))
             med = {k: sorted(v, key=lambda r: r["req_per_s"])[len(v) // 2] for k, v in runs.items()}
             levels.append({"concurrency": c, **med})
         alone = asyncio.run(load([(one_url, "ndwi-water")], bodies, 4, 24))
         beside = asyncio.run(flooded(one_url, bodies, 24))
+        beside_turns = asyncio.run(flooded(turns_url, bodies, 24))
         memory = {
             "one_mb": proc_mb(one.pid)["VmRSS"],
             "three_mb": round(sum(proc_mb(p.pid)["VmRSS"] or 0 for _, p in singles.values()), 1),
         }
     finally:
-        for proc in (one, *(p for _, p in singles.values())):
+        for proc in started:  # (those that did start, also when another did not)
             proc.terminate()
             proc.wait(timeout=60)
     return {
@@ -150,6 +163,7 @@ def run() -> dict[str, Any]:
         "memory": memory,
         "ndwi_alone": alone,
         "ndwi_beside_flood": beside,
+        "ndwi_beside_flood_turns": beside_turns,
         "machine": machine(),
         "cpu": cpu_name(),
     }
@@ -166,15 +180,17 @@ def write_markdown(report: dict[str, Any]) -> None:
         "alternating runs.",
         "",
         "| concurrent requests | one server: req/s | p99 (ms) | three servers: req/s | p99 (ms) "
-        "| one / three |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "| one / three | one server with `--device-turns`: req/s | p99 (ms) | turns / three |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for lv in report["levels"]:
-        one, three = lv["one"], lv["three"]
+        one, three, turns = lv["one"], lv["three"], lv["turns"]
         ratio = one["req_per_s"] / three["req_per_s"] if three["req_per_s"] else 0
+        t_ratio = turns["req_per_s"] / three["req_per_s"] if three["req_per_s"] else 0
         lines.append(
             f"| {lv['concurrency']} | {one['req_per_s']} | {one['p99_ms']} | "
-            f"{three['req_per_s']} | {three['p99_ms']} | {ratio:.2f} |"
+            f"{three['req_per_s']} | {three['p99_ms']} | {ratio:.2f} | "
+            f"{turns['req_per_s']} | {turns['p99_ms']} | {t_ratio:.2f} |"
         )
     mem = report["memory"]
     alone, beside = report["ndwi_alone"], report["ndwi_beside_flood"]
@@ -183,8 +199,10 @@ def write_markdown(report: dict[str, Any]) -> None:
         f"Resident memory after the runs: the one server {mem['one_mb']} MB, the three "
         f"{mem['three_mb']} MB together. `ndwi-water`'s p99 on the one server: "
         f"{alone['p99_ms']} ms with 4 clients alone, {beside['p99_ms']} ms with the same 4 "
-        "clients while 64 others flood `bench-conv` (each model has its own engine and batches; "
-        "nothing shares out the CPU between them but the operating system).",
+        "clients while 64 others flood `bench-conv` (each model has its own engine and "
+        "batches, their torch threads side by side on the cores), "
+        f"{report['ndwi_beside_flood_turns']['p99_ms']} ms with `--device-turns` (one model's "
+        "batch at a time, the default on an accelerator: on the CPU it leaves cores idle).",
     ]
     write_section("many_models", "Many models, one server", lines)
 

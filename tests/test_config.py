@@ -51,6 +51,7 @@ SAMPLE: dict[str, Any] = {
     "max_batch_patches": "auto",
     "compile": True,
     "compile_backend": "eager",
+    "share_weights": False,
     "warmup": False,
     "prefetch": False,
     "read_workers": 3,

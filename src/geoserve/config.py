@@ -130,6 +130,10 @@ class EngineConfig(BaseModel):
     """torch.compile the model; batches are padded to one shape (worth it on a GPU)."""
     compile_backend: str = "inductor"
     """torch.compile backend used with compile (inductor, eager, ...)."""
+    share_weights: bool = True
+    """Hold a part of the model whose weights equal one already loaded in this process (a
+    fine-tune's frozen encoder beside another fine-tune of it) once, shared: matched by
+    content hash at load time (not with quantize)."""
     warmup: bool = True
     """Run one dummy patch at start-up to check the model against its processors."""
     prefetch: bool = True

@@ -110,7 +110,7 @@ def test_cli_models_and_predict_against_a_server_of_two(
     assert main(["models", "--server", two]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert [line.split()[0] for line in lines] == ["test-seg", "identity"]
-    assert "ready" in lines[0]
+    assert "  loaded  " in lines[0]
     assert "output classes" in lines[0]
     out = tmp_path / "o.tif"
     assert main(["predict", str(scene), "-o", str(out), "--server", two, "-q"]) == 1

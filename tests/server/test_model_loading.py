@@ -17,6 +17,8 @@ import httpx
 import numpy as np
 import pytest
 
+from geoserve.cli import main
+from geoserve.server.settings import ServerSettings
 from tests import stub_models
 from tests.conftest import write_geotiff
 from tests.server.conftest import running_server
@@ -49,7 +51,7 @@ def metric(url: str, name: str, model: str) -> float:
 
 
 def test_least_recently_used_model_is_unloaded_and_answers_the_same_once_reloaded(
-    scenes: Path,
+    scenes: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     served = ["test-seg", "identity", "test-slow-load"]
     with running_server(
@@ -84,7 +86,12 @@ def test_least_recently_used_model_is_unloaded_and_answers_the_same_once_reloade
         # an unloaded model is still described as it was when loaded
         entry = {m["id"]: m for m in httpx.get(f"{url}/v1/models").json()["data"]}["identity"]
         assert entry["input"]["patch_size"] > 0
-        assert entry["ready"]
+        assert (entry["ready"], entry["state"]) == (True, "unloaded")
+        # ... and so the command line lists them
+        assert main(["models", "--server", url]) == 0
+        lines = {ln.split()[0]: ln for ln in capsys.readouterr().out.splitlines()}
+        assert "  loaded  " in lines["test-seg"]
+        assert "  not loaded (loads on first use)  " in lines["identity"]
         # the one-model servers give the same bytes
         for name in ("identity", "test-seg"):
             with running_server(
@@ -182,6 +189,7 @@ def test_a_flooded_model_does_not_starve_another(
         max_batch_patches=4,
         max_queued_patches=100_000,
         request_timeout_s=300,
+        device_turns=True,  # (as on an accelerator; on the CPU the engines run side by side)
     ) as url:
         client = httpx.Client(timeout=300)
 
@@ -213,3 +221,14 @@ def test_a_flooded_model_does_not_starve_another(
         # (measured on 2 cores: ~0.3 s over its own p99; a plain lock in place of the fair
         # turns lets test-slow take turn after turn: ~1 s over)
         assert flooded < alone + 0.6, (alone, flooded)
+
+
+def test_models_take_turns_on_an_accelerator_and_run_side_by_side_on_the_cpu() -> None:
+    two = ["test-seg", "identity"]
+    assert not ServerSettings(model="test-seg", models=two).takes_turns
+    assert ServerSettings(model="test-seg", models=two, device="cuda").takes_turns
+    assert ServerSettings(model="test-seg", models=two, device_turns=True).takes_turns
+    assert not ServerSettings(
+        model="test-seg", models=two, device="cuda", device_turns=False
+    ).takes_turns
+    assert not ServerSettings(model="test-seg", device_turns=True).takes_turns  # (one model)

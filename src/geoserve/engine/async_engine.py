@@ -70,8 +70,10 @@ class AsyncEngine:
         admission_threads: Threads opening requests' inputs, in each of two lanes: requests
             that reach other hosts, and the rest (see :mod:`geoserve.engine.admission_pool`);
             None: cores + 4, at most 32 (as asyncio's default executor).
-        turns: Shared with the other engines on the same device: each step runs only while
-            this engine holds the turn (:class:`~geoserve.engine.turns.Turns`), as ``name``.
+        turns: Shared with the other engines on the same device: each batch runs through
+            the model (and is stitched) only while this engine holds the turn
+            (:class:`~geoserve.engine.turns.Turns`), as ``name``; reading, waiting for rows
+            and committing outputs need no turn.
     """
 
     def __init__(
@@ -88,8 +90,8 @@ class AsyncEngine:
         name: str = "",
     ) -> None:
         self.engine = engine
-        self._turns = turns
-        self._name = name
+        if turns is not None:
+            engine.device_turn = functools.partial(turns.turn, name)
         self._admission = AdmissionPool(admission_threads)
         self.max_queued_patches = max_queued_patches
         self.max_pixels = max_pixels
@@ -316,11 +318,7 @@ class AsyncEngine:
         if not self._wait_for_fill():
             return False
         try:
-            if self._turns is None:
-                results = self.engine.step()
-            else:
-                with self._turns.turn(self._name):
-                    results = self.engine.step()
+            results = self.engine.step()
         except Exception as exc:  # the engine isolates request errors; this guards bugs
             logger.exception("engine step failed")
             self._fail_all(GeoServeError(f"internal engine error: {exc!r}"))

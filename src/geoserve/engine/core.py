@@ -21,11 +21,13 @@ that raises fails only the requests whose own patches make it fail; the engine k
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import uuid
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast, overload
 
@@ -91,6 +93,11 @@ class Engine:
         loaded = load_model(model, cfg)
         self.spec, self.device, self.dtype = loaded.spec, loaded.device, loaded.dtype
         self.max_request_bytes = loaded.max_request_bytes
+        #: The model's parts held once with another loaded model's (equal weights).
+        self.shared_parts = loaded.shared
+        #: Held while a batch runs through the model and is stitched (engines sharing one
+        #: device take turns through it: :class:`~geoserve.engine.turns.Turns`).
+        self.device_turn: Callable[[], AbstractContextManager[None]] = contextlib.nullcontext
         self.in_proc, self._model_out_proc = loaded.in_proc, loaded.model_out_proc
         self.out_procs = loaded.out_procs
         self.out_proc = self.out_procs[0]
@@ -273,14 +280,15 @@ class Engine:
         for part in cached:
             self.output.stitch(part)
         self.last_batch_size = len(batch)
-        for part in self.runner.run(batch):  # in parts when a forward pass fails
-            if part.error is not None:
-                sched.fail_batch(part.patches, part.error)
-            elif part.more_steps:  # (a stepped model: they wait for their next step)
-                sched.await_step(part.patches)
-            else:
-                self.output.stitch(part)
-                remember_all(caches, part)
+        with self.device_turn() if batch else contextlib.nullcontext():
+            for part in self.runner.run(batch):  # in parts when a forward pass fails
+                if part.error is not None:
+                    sched.fail_batch(part.patches, part.error)
+                elif part.more_steps:  # (a stepped model: they wait for their next step)
+                    sched.await_step(part.patches)
+                else:
+                    self.output.stitch(part)
+                    remember_all(caches, part)
         for req in sched.live():
             self.output.emit(req, self.config.streaming)
         for req in sched.take_complete():

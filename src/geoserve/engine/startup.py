@@ -1,6 +1,7 @@
 """An engine's start-up: the model resolved and loaded, and the runner that drives it.
 
-The model is resolved, its processors fitted to the config and its weights loaded;
+The model is resolved, its processors fitted to the config and its weights loaded (its parts
+whose weights equal another loaded model's shared with it: :func:`share_weights`);
 :func:`load_model` does everything that can fail on a bad configuration or bad weights (and
 so raises before any thread is started); :func:`make_runner` wraps the loaded module, compiled
 when asked, in a :class:`~geoserve.engine.runner.ModelRunner`. :class:`~geoserve.engine.core.
@@ -20,6 +21,7 @@ from typing import TYPE_CHECKING, cast
 import torch
 
 from geoserve.config import EngineConfig
+from geoserve.engine.heap import trim_heap
 from geoserve.engine.limits import MB, default_max_memory
 from geoserve.engine.model_loader import (
     check_compile_backend,
@@ -31,6 +33,7 @@ from geoserve.engine.model_loader import (
 )
 from geoserve.engine.products import output_processors
 from geoserve.engine.runner import ModelRunner, input_shape
+from geoserve.engine.shared_weights import SharedPart, share_identical
 from geoserve.errors import ConfigError, ModelExecutionError, ProcessorMismatchError
 from geoserve.models.steps import SteppedModel
 from geoserve.processors.base import InputProcessor, OutputProcessor
@@ -63,6 +66,7 @@ class LoadedModel:
         device: Where it runs.
         dtype: Autocast dtype (None: float32).
         max_request_bytes: The memory bound of one request (None: none).
+        shared: The module's parts held once with another loaded model's (equal weights).
     """
 
     spec: ModelSpec
@@ -73,6 +77,7 @@ class LoadedModel:
     device: torch.device
     dtype: torch.dtype | None
     max_request_bytes: int | None
+    shared: tuple[SharedPart, ...] = ()
 
 
 def load_model(model: str | ModelSpec, cfg: EngineConfig) -> LoadedModel:
@@ -124,6 +129,7 @@ def load_model(model: str | ModelSpec, cfg: EngineConfig) -> LoadedModel:
             raise ConfigError(f"model {spec.name!r}: {exc}") from None
 
     module = load_module(spec, cfg, device, dtype, fit)
+    shared = share_weights(spec.name, module, cfg)
     out_proc = out_proc.fitted(module)
     out_procs = tuple(p.fitted(module) for p in out_procs)
     output_processors(spec, out_proc, [p.kind for p in out_procs], cfg, module)  # (+ the model)
@@ -132,7 +138,24 @@ def load_model(model: str | ModelSpec, cfg: EngineConfig) -> LoadedModel:
         check_token_tiling(PatchGrid(size, size, size, in_proc.stride, blend), spec.token_size)
     if isinstance(module, SteppedModel):
         _check_stepped(spec.name, module, cfg)
-    return LoadedModel(spec, in_proc, out_proc, out_procs, module, device, dtype, max_bytes)
+    return LoadedModel(spec, in_proc, out_proc, out_procs, module, device, dtype, max_bytes, shared)
+
+
+def share_weights(name: str, module: torch.nn.Module, cfg: EngineConfig) -> tuple[SharedPart, ...]:
+    """``module``'s parts equal to those of models loaded before, shared with them.
+
+    Only for the torch backend without ``quantize`` (int8 layers are rebuilt per model), and
+    when ``share_weights`` is on (:func:`~geoserve.engine.shared_weights.share_identical`).
+    """
+    if not cfg.share_weights or cfg.quantize is not None or cfg.backend != "torch":
+        return ()
+    shared = tuple(share_identical(module))
+    if shared:
+        mb = sum(p.bytes for p in shared) / 2**20
+        parts = ", ".join(p.path for p in shared)
+        logger.info("model %s: %s shared with a model loaded before (%.1f MB)", name, parts, mb)
+        trim_heap()
+    return shared
 
 
 def _check_stepped(name: str, module: SteppedModel, cfg: EngineConfig) -> None:

@@ -1,18 +1,20 @@
-"""Turns on one device for several engines: a weighted fair share of their steps.
+"""Turns on one device for several engines: a weighted fair share of their batches.
 
 A server that serves several models runs one engine per model (each its own loop thread and
-batching), all on one accelerator. Left alone, their steps run at once and contend for the
-device and the cores however the hardware and the operating system share them out, and a
-model flooded with requests takes what it can. :class:`Turns` makes the share explicit: an
-engine's step (:meth:`geoserve.engine.Engine.step`: a forward pass and the stitching around it)
-runs only while it holds the turn, one engine at a time, and the turn goes to the waiting
-engine that has used the least device time for its share (virtual time: seconds held divided
-by the share, as start-time fair queuing counts it). An engine that was idle re-enters at the
-virtual time of the step last granted, so idling banks no credit.
+batching), all on one accelerator. Left alone, their forward passes are launched at once and
+queue on the device however it schedules them, and a model flooded with requests takes what it
+can. :class:`Turns` makes the share explicit: an engine's batch (the forward pass and the
+stitching of its outputs, :attr:`geoserve.engine.Engine.device_turn`) runs only while it holds
+the turn, one engine at a time, and the turn goes to the waiting engine that has used the
+least device time for its share (virtual time: seconds held divided by the share, as
+start-time fair queuing counts it). An engine that was idle re-enters at the virtual time of
+the batch last granted, so idling banks no credit. Reading, waiting for rows and committing
+outputs happen outside the turn.
 
-So a model with a few requests waits for at most the step in progress (one batch of another
-model) before its own step runs, however many requests the others have queued; two models that
-are both always busy get device time in the ratio of their shares.
+So a model with a few requests waits for at most the batch in progress of another model
+before its own runs, however many requests the others have queued; two models that are both
+always busy get device time in the ratio of their shares. (On the CPU, where each engine's
+torch threads can take cores of their own, the server lets them run side by side instead.)
 """
 
 from __future__ import annotations
@@ -42,12 +44,12 @@ class Turns:
         self._held = dict.fromkeys(self.shares, 0.0)
         self._waiting: dict[str, int] = {}  # name -> arrival order
         self._holder: str | None = None
-        self._now = 0.0  # virtual time: that of the step last granted
+        self._now = 0.0  # virtual time: that of the batch last granted
         self._arrivals = itertools.count()
 
     @contextmanager
     def turn(self, name: str) -> Iterator[None]:
-        """Hold the turn for one step of engine ``name`` (waits for its fair turn)."""
+        """Hold the turn for one batch of engine ``name`` (waits for its fair turn)."""
         self._acquire(name)
         start = time.perf_counter()
         try:
@@ -62,8 +64,8 @@ class Turns:
 
     def _acquire(self, name: str) -> None:
         with self._cond:
-            # (an engine back from idle starts level with the step last granted; one that
-            # asks again straight after its step is already at or beyond it)
+            # (an engine back from idle starts level with the batch last granted; one that
+            # asks again straight after its batch is already at or beyond it)
             self._vtime[name] = max(self._vtime[name], self._now)
             self._waiting[name] = next(self._arrivals)
             while self._holder is not None or self._next() != name:

@@ -53,6 +53,12 @@ def model_entry(model: str, eng: Any) -> dict[str, Any]:
             "backend": cfg.backend,
             "precision": cfg.precision or "fp32",
         }
+        shared = getattr(eng.engine, "shared_parts", ())
+        if shared:  # parts held once with another served model (equal weights)
+            entry["runtime"]["shared_weights"] = {
+                "parts": [p.path for p in shared],
+                "mb": round(sum(p.bytes for p in shared) / 2**20, 1),
+            }
         converted = getattr(eng.engine.runner, "runtime", {}).get("converted", [])
         if converted:  # the backend's converted models and their accuracy figures
             entry["runtime"]["converted"] = [

@@ -3,9 +3,10 @@
 Each model has its own engine, loop thread and batching, so a batch never mixes models and a
 model's failure (a forward pass that raises, an out-of-memory error) fails only its own
 requests. They share the server's one memory bound (``max_memory_mb``: one
-:class:`~geoserve.engine.ledger.MemoryLedger` for all) and, with several models, the device:
-each step takes a turn (:class:`~geoserve.engine.turns.Turns`, weighted by each model's
-``share``), so a model flooded with requests cannot starve the others. Each has its own
+:class:`~geoserve.engine.ledger.MemoryLedger` for all) and, with several models on an
+accelerator (or ``device_turns``), the device: each batch takes a turn
+(:class:`~geoserve.engine.turns.Turns`, weighted by each model's ``share``), so a model
+flooded with requests cannot starve the others. Each has its own
 admission bound (``max_queued_patches``) and admission threads. A request names its model
 (:meth:`pick`): with one model served the name may be left out; with several, a request
 without one is a 400 listing them, and a name not served is a 404 listing those that are.
@@ -84,8 +85,8 @@ class ServedEngines:
         self.on_unload: list[Callable[[str], None]] = []
         self._ledger = MemoryLedger(int(settings.max_memory_mb * 1024 * 1024))
         state["ledger"] = self._ledger
-        several = len(self.names) > 1
-        self.turns = Turns({m.name: m.share for m in settings.served}) if several else None
+        shares = {m.name: m.share for m in settings.served}
+        self.turns = Turns(shares) if settings.takes_turns else None
         self.max_loaded = settings.max_loaded_models if given is None else None
         self._lock = threading.Lock()
         self._users: Counter[str] = Counter()

@@ -114,6 +114,10 @@ class ServerFields(BaseModel):
     preload: bool | None = None
     """Load models at start-up, in the order served (at most --max-loaded-models of them);
     unset: yes, unless --max-loaded-models is set (then each loads on its first request)."""
+    device_turns: bool | None = None
+    """Several models: run one model's batch at a time on the device, the next turn to the
+    model with the least device time for its share; unset: on when the models run on an
+    accelerator (cuda), off on the CPU (there each engine's torch threads run side by side)."""
     allow_hub_weights: bool = False
     """Let --weights be a Hub reference (hf://...), fetched from huggingface.co (or HF_ENDPOINT)
     at start-up; off: the server refuses to start with one."""
@@ -265,6 +269,15 @@ class ServerSettings(ServerFields):
         """The models loaded at start-up (``preload``, at most ``max_loaded_models``)."""
         lazy = self.preload is False or (self.preload is None and self.max_loaded_models)
         return [] if lazy else self.model_names[: self.max_loaded_models]
+
+    @property
+    def takes_turns(self) -> bool:
+        """Whether the served models take turns on the device (``device_turns``)."""
+        if len(self.served) < 2:
+            return False
+        if self.device_turns is not None:
+            return self.device_turns
+        return any(not m.engine.device.startswith("cpu") for m in self.served)
 
     def engine_of(self, name: str) -> EngineConfig:
         """The engine options of the served model ``name``."""

@@ -1,4 +1,4 @@
-"""Turns: one engine's step at a time, shared out fairly by each engine's share."""
+"""Turns: one engine's batch at a time, shared out fairly by each engine's share."""
 
 from __future__ import annotations
 
