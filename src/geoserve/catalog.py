@@ -79,6 +79,38 @@ class ModelEntry:
         return asdict(self)
 
 
+def source_of(spec: Any) -> tuple[str, str]:
+    """(plugin, weights) of a registered model, as :class:`ModelEntry` says them.
+
+    ``weights``: "required" (a weights file must be given), "registered" (a configured
+    fine-tune's checkpoint), "built in", "none", or "Hub" (the factory fetches them).
+    """
+    plugin = plugin_of(spec.factory)
+    if getattr(spec.factory, "configured_files", None) is not None:
+        plugin = "configured"  # from a fine-tune config (geoserve.models.configured)
+    if spec.weights_required:
+        return plugin, "required"
+    if plugin == "configured":
+        return plugin, "registered"
+    if getattr(spec, "loads_weights", False) and plugin != "geoserve":
+        return plugin, "Hub"  # (the factory finds the published weights itself)
+    return plugin, "built in" if plugin == "geoserve" else "none"
+
+
+def servable_models(*, hub: bool = False) -> list[str]:
+    """Every registered model that runs without a weights file given (``serve --model '*'``).
+
+    Installed plugins are loaded first. ``hub``: also those whose factory fetches published
+    weights from the Hub.
+    """
+    from geoserve.plugins import load_plugins
+    from geoserve.registry import MODEL_REGISTRY
+
+    load_plugins()
+    ok = {"built in", "none", "registered"} | ({"Hub"} if hub else set())
+    return [name for name, spec in sorted(MODEL_REGISTRY.items()) if source_of(spec)[1] in ok]
+
+
 def model_entries() -> list[ModelEntry]:
     """Every registered model (installed plugins loaded first), by name."""
     from geoserve.engine import resolve_model
@@ -90,17 +122,7 @@ def model_entries() -> list[ModelEntry]:
     load_plugins()
     entries = []
     for name, spec in sorted(MODEL_REGISTRY.items()):
-        plugin = plugin_of(spec.factory)
-        if getattr(spec.factory, "configured_files", None) is not None:
-            plugin = "configured"  # from a fine-tune config (geoserve.models.configured)
-        if spec.weights_required:
-            weights = "required"
-        elif plugin == "configured":
-            weights = "registered"
-        else:
-            weights = "built in" if plugin == "geoserve" else "none"
-            if getattr(spec, "loads_weights", False) and plugin != "geoserve":
-                weights = "Hub"  # (the factory finds the published weights itself)
+        plugin, weights = source_of(spec)
         entry = ModelEntry(
             name, plugin, spec.description, weights, spec.weights_hint, spec.input_description
         )

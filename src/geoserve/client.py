@@ -50,6 +50,7 @@ from geoserve.errors import (
     UntrustedAnswerError,
 )
 from geoserve.job_wire import (
+    MODEL_HEADER,
     JobInputs,
     JobOutput,
     JobResults,
@@ -229,8 +230,10 @@ class Client:
             options["output_kind"] = output_kind
         elif output_kind is not None:
             options["output_kinds"] = list(output_kind)
+        # (the model also in Ray Serve's header: behind Ray, it goes to a replica holding it)
+        headers = {MODEL_HEADER: sent} if sent is not None else {}
         with job_request(inputs, options, dates, priority, server_paths, sent) as body:
-            answer = self._json("POST", "/v1/jobs", **body)
+            answer = self._json("POST", "/v1/jobs", headers=headers, **body)
         return checked_job_id(answer.get("jobID"), f"POST {self.url}/v1/jobs")
 
     def status(self, job_id: str) -> JobStatus:

@@ -40,6 +40,10 @@ from geoserve.errors import (
 from geoserve.jobs.store import FINAL_STATUSES, STATUSES, is_job_id
 from geoserve.stac_query import StacSearch
 
+#: The header that also names a job's model (Ray Serve's: its proxy sends the request to a
+#: replica that has that model loaded; a geoserve server reads it where the body names none).
+MODEL_HEADER = "serve_multiplexed_model_id"
+
 #: A file name a download may be written under: no path, no leading dot, no encoding.
 FILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 #: The status message of a running job: ``<done>/<total> patches``.

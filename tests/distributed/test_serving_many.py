@@ -61,3 +61,59 @@ def test_a_replica_answers_each_model_it_is_asked_for(ray_cluster, tmp_path):
         assert "test-seg, identity" in missing.json()["message"]
     finally:
         serve.shutdown()
+
+
+def test_models_are_multiplexed_over_replicas_by_the_model_header(ray_cluster, tmp_path):
+    """Two replicas, two models, one loaded per replica: Ray routes each model to one replica."""
+    from ray import serve
+
+    port = free_port()
+    settings = ServerSettings(models=["test-seg", "identity"], port=port, max_loaded_models=1)
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    try:
+        serve.run(
+            build_app(settings, replicas=2, cpus_per_replica=0.25, imports=["tests.stub_models"]),
+            name="geoserve",
+            route_prefix="/",
+            blocking=False,
+        )
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{url}/health/ready", timeout=5).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        path = write_geotiff(
+            tmp_path / "s.tif",
+            np.random.default_rng(4).integers(0, 400, (3, 30, 40)).astype(np.uint16),
+        )
+        want = {
+            m: Engine(m).generate_image(path, out_format="tensor").outputs.tensor.numpy()
+            for m in ("test-seg", "identity")
+        }
+
+        def ask(model: str) -> str:
+            resp = httpx.post(
+                f"{url}/v1/images",
+                files={"file": ("s.tif", path.read_bytes())},
+                headers={"serve_multiplexed_model_id": model},  # (and no model in the body)
+                timeout=60,
+            )
+            assert resp.status_code == 200, resp.text
+            with MemoryFile(resp.content) as mem, mem.open() as ds:
+                np.testing.assert_array_equal(ds.read(), want[model])
+            return resp.headers["x-geoserve-replica"]
+
+        first = {m: ask(m) for m in ("test-seg", "identity")}  # one load each
+        time.sleep(1.0)  # (the replicas have told Ray which model each holds)
+        answered: dict[str, set[str]] = {"test-seg": set(), "identity": set()}
+        for _ in range(6):
+            for m in answered:
+                answered[m].add(ask(m))
+        assert answered == {m: {first[m]} for m in answered}, (first, answered)
+        assert first["test-seg"] != first["identity"]  # (a model each: no reloading)
+    finally:
+        serve.shutdown()

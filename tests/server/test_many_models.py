@@ -129,6 +129,24 @@ def test_a_request_without_a_model_or_with_an_unknown_one_is_refused(
     assert "Traceback" not in refused.text + unknown.text
 
 
+def test_ray_serves_model_header_names_the_model_where_the_body_does_not(
+    url: str, scenes: Path
+) -> None:
+    body = {"data": str(scenes / "a.tif"), "data_format": "path", "out_data_format": "b64_json"}
+    header = {"serve_multiplexed_model_id": "identity"}
+    by_header = httpx.post(f"{url}/v1/images", json=body, headers=header, timeout=60)
+    assert by_header.status_code == 200, by_header.text
+    assert by_header.json()["model"] == "identity"
+    both = {**body, "model": "test-seg"}  # (the body's wins)
+    by_body = httpx.post(f"{url}/v1/images", json=both, headers=header, timeout=60)
+    assert by_body.json()["model"] == "test-seg"
+    long_name = {"serve_multiplexed_model_id": "x" * 500}
+    unknown = httpx.post(f"{url}/v1/images", json=body, headers=long_name)
+    assert unknown.status_code == 404
+    assert len(unknown.json()["message"]) < 200  # (a long header is not echoed whole)
+    assert httpx.post(f"{url}/v1/images", json=body).status_code == 400  # (named nowhere)
+
+
 def test_v1_models_lists_every_served_model(url: str) -> None:
     data = httpx.get(f"{url}/v1/models").json()["data"]
     assert [m["id"] for m in data] == SERVED

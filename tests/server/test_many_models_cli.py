@@ -29,6 +29,45 @@ def settings_of(*argv: str) -> ServerSettings:
     return server_settings(build_parser().parse_args(["serve", *argv]))
 
 
+def test_model_star_serves_every_model_that_needs_no_weights_file(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    from geoserve.models.configured import unregister_configured
+    from tests.test_cli_configured import write_fine_tune
+
+    request.addfinalizer(lambda: unregister_configured("star-fine-tune"))
+    write_fine_tune(tmp_path / "models" / "star-fine-tune")
+    every = settings_of("--model", "*", "--models-dir", str(tmp_path / "models"))
+    names = every.model_names
+    assert {"demo-water", "ndwi-water", "identity", "test-seg", "star-fine-tune"} <= set(names)
+    assert not [n for n in names if n.startswith("prithvi-")]  # (they need --weights)
+    assert not [n for n in names if n.startswith("terramind-")]  # (from the Hub: not asked for)
+    hub = settings_of("--model", "*", "--allow-hub-weights").model_names
+    assert "terramind-v1-tiny-generate" in hub
+    # '*' after a name: that one first (the default model), the rest once each
+    first = settings_of("--model", "ndwi-water", "--model", "*", "--max-loaded-models", "2")
+    assert first.model == "ndwi-water"
+    assert first.model_names[0] == "ndwi-water"
+    assert first.model_names.count("ndwi-water") == 1
+    # ... and served: lazily, within the budget, each model on its first request
+    s2 = ["B1", "B2", "B3", "B4", "B5", "B6", "B7", "B8", "B8A", "B9", "B10", "B11", "B12"]
+    data = np.random.default_rng(2).integers(0, 3000, (13, 40, 40)).astype(np.uint16)
+    scene = write_geotiff(tmp_path / "s.tif", data, descriptions=s2)
+    with running_server(
+        model=first.model, models=first.models, max_loaded_models=2, models_dir=tmp_path / "models"
+    ) as url:
+        for model in ("ndwi-water", "identity", "demo-water"):
+            resp = httpx.post(
+                f"{url}/v1/images",
+                files={"file": ("s.tif", scene.read_bytes())},
+                data={"model": model},
+                timeout=60,
+            )
+            assert resp.status_code == 200, (model, resp.text)
+        loaded = [m["id"] for m in httpx.get(f"{url}/v1/models").json()["data"] if m["loaded"]]
+        assert sorted(loaded) == ["demo-water", "identity"]
+
+
 def test_repeated_model_flags_and_a_models_list_with_options_per_model(tmp_path: Path) -> None:
     two = settings_of("--model", "test-seg", "--model", "identity", "--batch-size", "4")
     assert two.model_names == ["test-seg", "identity"]

@@ -58,7 +58,8 @@ def _model_options() -> argparse.ArgumentParser:
         action=_ModelName,
         default=argparse.SUPPRESS,
         help=f"registered model name (default: {DEFAULT_MODEL}; see `geoserve models`); "
-        "serve: repeat it to serve several models side by side (docs/serving.md)",
+        "serve: repeat it to serve several models side by side, '*' for every model that "
+        "needs no weights file (docs/serving.md)",
     )
     common.add_argument(
         "--config",

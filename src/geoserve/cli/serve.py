@@ -63,11 +63,11 @@ def server_settings(args: argparse.Namespace) -> ServerSettings:
         except OSError as exc:
             why = exc.strerror or str(exc)
             raise ConfigError(f"output_dir: {out}: cannot create the directory ({why})") from None
-    models = served_models(args, from_file, engine)
+    models = served_models(args, from_file, engine, fields)
     named = getattr(args, "model", None) or from_file.get("model")
     if len(models) > 1 or (models and not getattr(args, "model", None)):
         flags = getattr(args, "model_list", None)  # (several: the first is the model)
-        named = flags[0] if flags else from_file.get("model") or models[0].name
+        named = flags[0] if flags and flags[0] != "*" else from_file.get("model") or models[0].name
     planned = planned_models(args, models_dir=fields.models_dir, model=named)
     model = chosen_model(named, [m.name for m in planned], DEFAULT_MODEL)
     try:
@@ -86,14 +86,15 @@ def server_settings(args: argparse.Namespace) -> ServerSettings:
 
 
 def served_models(
-    args: argparse.Namespace, from_file: Mapping[str, Any], engine: EngineConfig
+    args: argparse.Namespace, from_file: Mapping[str, Any], engine: EngineConfig, fields: Any
 ) -> list[Any]:
     """The models to serve side by side (``ServedModel``s); empty: one model, as always.
 
     ``--model`` given more than once names them; else the ``--config`` file's ``models:``
     list. A name the file's list has keeps its engine options there, each over the top-level
     ones (``engine``). ``--model`` given once serves that model alone (with its options from the
-    file's list, if it is there).
+    file's list, if it is there). ``*`` (as a flag or an entry) stands for every model that
+    runs without a weights file given (:func:`every_model`), less those named elsewhere.
 
     Raises:
         ConfigError: naming the file, the entry and the option at fault.
@@ -109,11 +110,35 @@ def served_models(
     names = list(dict.fromkeys(getattr(args, "model_list", None) or []))
     where = {id(e): f"{source}: models[{i}]" for i, e in enumerate(entries)}
     if names:
-        if len(names) == 1 and names[0] not in by_name:
+        if len(names) == 1 and names[0] not in by_name and names[0] != "*":
             return []
         entries = [by_name.get(n, n) for n in names]
+    if "*" in entries:
+        rest = [n for n in every_model(args, fields) if n not in by_name and n not in names]
+        at = entries.index("*")
+        entries = [*entries[:at], *rest, *(e for e in entries[at + 1 :] if e != "*")]
     base = engine.model_dump(exclude_unset=True)
     return [ServedModel(**served_model(e, base, where.get(id(e), f"--model {e}"))) for e in entries]
+
+
+def every_model(args: argparse.Namespace, fields: Any) -> list[str]:
+    """``--model '*'``: every registered model that runs without a weights file given.
+
+    Those of geoserve and the installed plugins with built-in weights (and, with
+    ``--allow-hub-weights``, those that fetch published weights), then the fine-tunes of
+    ``--models-dir`` and ``--register``.
+
+    Raises:
+        ConfigError: as :func:`~geoserve.cli.configured.planned_models`; none at all.
+    """
+    from geoserve.catalog import servable_models
+
+    names = servable_models(hub=fields.allow_hub_weights)
+    planned = planned_models(args, models_dir=fields.models_dir)
+    names += [m.name for m in planned if m.name not in names]
+    if not names:
+        raise ConfigError("--model '*': no registered model runs without a weights file")
+    return names
 
 
 def _relative_paths(entry: Any, source: str) -> Any:

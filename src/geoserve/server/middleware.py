@@ -8,7 +8,9 @@ its declared length and again by the bytes actually received (a missing or false
 ``X-Frame-Options: DENY``, ``Referrer-Policy: same-origin`` and a Content-Security-Policy (the
 page's allows only its own files, and the basemap's host). It also counts requests in flight
 (the drain waits for them), records status codes for metrics, and turns any unexpected
-exception into a JSON 500 without a traceback. :func:`unless_disconnected` is its counterpart
+exception into a JSON 500 without a traceback. A ``serve_multiplexed_model_id`` header (Ray
+Serve's) names the request's model where its body does not (:data:`~geoserve.server.served.
+HEADER_MODEL`). :func:`unless_disconnected` is its counterpart
 inside a route: the route's work is cancelled when its client goes away.
 """
 
@@ -27,9 +29,11 @@ from typing import Any
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from geoserve.job_wire import MODEL_HEADER
 from geoserve.server.errors import error_body
 from geoserve.server.metrics import Metrics
 from geoserve.server.origins import HostRule, refusal
+from geoserve.server.served import HEADER_MODEL
 from geoserve.server.settings import ServerSettings
 
 logger = logging.getLogger("geoserve.server")
@@ -243,6 +247,7 @@ class GuardMiddleware:
         ex = _Exchange(receive, send, self.limit, ledger, 2 if json_body else 1)
         scope["geoserve.held"] = ex.key
         self.state["in_flight"] += 1
+        named = HEADER_MODEL.set(headers.get(MODEL_HEADER) or None)
         try:
             await self.app(scope, ex.receive, ex.send)
         except BodyTooLarge:
@@ -279,6 +284,7 @@ class GuardMiddleware:
                     send, 500, error_body("internal server error", 500, "InternalServerError")
                 )
         finally:
+            HEADER_MODEL.reset(named)
             ex.release()
             self.state["in_flight"] -= 1
 

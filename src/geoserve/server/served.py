@@ -31,6 +31,7 @@ import threading
 import time
 from collections import Counter, OrderedDict
 from collections.abc import AsyncIterator, Callable, Iterator
+from contextvars import ContextVar
 from typing import Any
 
 from geoserve.engine import Engine
@@ -50,6 +51,10 @@ from geoserve.server.model_entry import model_entry
 from geoserve.server.settings import ServerSettings
 
 logger = logging.getLogger("geoserve.server")
+
+#: The model the current request's ``serve_multiplexed_model_id`` header names (Ray Serve's;
+#: :data:`geoserve.job_wire.MODEL_HEADER`), set by the guard middleware.
+HEADER_MODEL: ContextVar[str | None] = ContextVar("geoserve_header_model", default=None)
 
 #: How often a lease waiting for a model to load (or for room to load it) looks again.
 POLL_S = 0.02
@@ -284,10 +289,15 @@ class ServedEngines:
     def pick(self, model: str | None) -> str:
         """The served model a request names (``None``: the one model, if only one is served).
 
+        A request that names none in its body may name it in the ``serve_multiplexed_model_id``
+        header (the body's wins).
+
         Raises:
             InputError: several models are served and ``model`` is ``None`` (400, listing them).
             UnknownModelError: ``model`` is not served here (404, listing those that are).
         """
+        if model is None:
+            model = HEADER_MODEL.get()
         if model is None:
             if not self.several:
                 return self.names[0]
