@@ -6,6 +6,7 @@
 - ``bench.prithvi``: Prithvi encoder throughput per variant, the engine's model step;
 - ``bench.server``: ``geoserve serve`` under load, cross-request batching on and off;
 - ``bench.many_models``: one three-model server against three one-model servers, one mixed load;
+- ``bench.shared_weights``: three fine-tunes of one encoder loaded side by side, shared and not;
 - ``bench.cpu_backends``: torch and OpenVINO at fp32, bf16 and int8 on the CPU, side by side;
 - ``bench.trust``: load, a memory soak and costly small uploads against one source tree;
 - ``bench.host``: the host pipeline alone (no-op model) against GDAL decoding, 1 and 2 threads;
