@@ -3,6 +3,7 @@ a server of several models; map tiles with ``model=``."""
 
 from __future__ import annotations
 
+import base64
 import threading
 import time
 from collections.abc import Iterator
@@ -224,3 +225,47 @@ def test_a_model_that_fails_to_load_leaves_the_others_answering(scene: Path) -> 
     finally:
         server.should_exit = True
         thread.join(timeout=20)
+
+
+def test_demo_ndwi_and_a_fine_tune_answer_as_their_own_one_model_servers(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """Three models at once (two built in, one TerraTorch fine-tune of --models-dir)."""
+    from rasterio.windows import Window
+
+    from geoserve.models.configured import unregister_configured
+    from tests.test_cli_configured import write_fine_tune, write_scene
+
+    request.addfinalizer(lambda: unregister_configured("three-ft"))
+    models = tmp_path / "models"
+    write_fine_tune(models / "three-ft")
+    with rasterio.open(LAKE) as src:
+        profile = {**src.profile, "width": 96, "height": 80}
+        profile.pop("blockxsize", None), profile.pop("blockysize", None), profile.pop("tiled", None)
+        window = Window(200, 150, 96, 80)
+        with rasterio.open(tmp_path / "lake.tif", "w", **profile) as dst:
+            dst.write(src.read(window=window))
+            dst.transform = src.window_transform(window)
+            dst.descriptions = src.descriptions
+    scenes = {
+        "demo-water": tmp_path / "lake.tif",
+        "ndwi-water": tmp_path / "lake.tif",
+        "three-ft": write_scene(tmp_path / "six.tif"),
+    }
+
+    def answer(url: str, model: str, name: bool) -> bytes:
+        body = {"data": str(scenes[model]), "data_format": "path", "out_data_format": "b64_json"}
+        resp = httpx.post(f"{url}/v1/images", json=body | ({"model": model} if name else {}))
+        assert resp.status_code == 200, (model, resp.text)
+        return base64.b64decode(resp.json()["data"])
+
+    alone = {}
+    for model in scenes:
+        with running_server(model=model, models_dir=models, allowed_input_dirs=[tmp_path]) as url:
+            alone[model] = answer(url, model, name=False)
+    assert alone["demo-water"] != alone["ndwi-water"]  # (one scene, two maps)
+    with running_server(
+        model="demo-water", models=list(scenes), models_dir=models, allowed_input_dirs=[tmp_path]
+    ) as url:
+        for model in scenes:
+            assert answer(url, model, name=True) == alone[model], model
