@@ -8,10 +8,12 @@ engine's patch shape; another band count converts again, in fp32 only), with a d
 so every batch size runs the same graph.
 
 :func:`openvino_runner` refuses what this backend does not run (a stepped model, the token
-kinds, several modalities or dates, per-request model arguments) and precisions the CPU lacks
+kinds, several modalities or dates) and precisions the CPU lacks
 the instructions for (bf16: AMX or AVX512-BF16; int8: AVX512-VNNI, AVX-VNNI or AMX) unless
 ``force_precision``; for int8 and bf16 it reads the calibration patches from the
 ``calibrate`` scenes through the model's own input processor (:func:`calibration_patches`).
+A model's per-request arguments besides the pixels (a Prithvi TL model's ``temporal_coords``
+and ``location_coords``) are inputs of its converted model, calibrated with each patch's own.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from geoserve.schemas import TOKEN_KINDS
 
 if TYPE_CHECKING:
     from geoserve.engine.batch import Patch
-    from geoserve.engine.ov_convert import Converted
+    from geoserve.engine.ov_convert import Converted, Extra
     from geoserve.engine.startup import LoadedModel
 
 logger = logging.getLogger(__name__)
@@ -59,7 +61,11 @@ class OpenVinoRunner(ModelRunner):
     """
 
     def __init__(
-        self, loaded: LoadedModel, cfg: EngineConfig, patches: Sequence[NDArray[np.float32]]
+        self,
+        loaded: LoadedModel,
+        cfg: EngineConfig,
+        patches: Sequence[NDArray[np.float32]],
+        extras: Sequence[Extra] = (),
     ) -> None:
         max_batch = 1 if cfg.max_batch_patches == "auto" else int(cfg.max_batch_patches)
         super().__init__(
@@ -77,36 +83,47 @@ class OpenVinoRunner(ModelRunner):
         self.threads = cfg.threads
         self.gate = cfg.accuracy_gate
         self.patches = list(patches)
+        #: Each calibration patch's model arguments besides its pixels (empty: none).
+        self.extras = list(extras) or [{} for _ in self.patches]
         self.classes = bool(getattr(loaded.model_out_proc, "classes", ()))
-        #: The converted model of each input shape (C, P, P).
-        self.converted: dict[tuple[int, ...], Converted] = {}
+        #: The converted model of each input shape: the pixels' (C, P, P), then each other
+        #: model argument's (name, shape), if any.
+        self.converted: dict[tuple[Any, ...], Converted] = {}
 
-    def convert(self, shape: tuple[int, ...]) -> Converted:
-        """The converted model for inputs (B, *shape): cached, or converted now."""
-        found = self.converted.get(shape)
+    def convert(self, shape: tuple[int, ...], example: Extra | None = None) -> Converted:
+        """The converted model for inputs (B, *shape) (and ``example``'s other arguments)."""
+        example = example or {}
+        key = (*shape, *_shapes(example))
+        found = self.converted.get(key)
         if found is not None:
             return found
         from geoserve.engine.ov_convert import load_or_convert
 
-        patches = [p for p in self.patches if tuple(p.shape) == shape]
-        if self.precision != "fp32" and not patches:
-            calibrated = ", ".join(str(s) for s in self.converted) or "none"
+        fits = [
+            i
+            for i, p in enumerate(self.patches)
+            if tuple(p.shape) == shape and _shapes(self.extras[i]) == _shapes(example)
+        ]
+        if self.precision != "fp32" and not fits:
+            calibrated = ", ".join(_said(k) for k in self.converted) or "none"
             raise ModelExecutionError(
-                f"model {self.name!r}: openvino {self.precision} was calibrated for patches of "
-                f"shape {calibrated}, not {shape}; calibrate on scenes with these bands"
+                f"model {self.name!r}: openvino {self.precision} was calibrated for inputs "
+                f"{calibrated}, not {_said(key)}; calibrate on scenes like these"
             )
         found = load_or_convert(
             self.eager,
             model=self.name,
             shape=shape,
             precision=self.precision,
-            patches=patches,
+            patches=[self.patches[i] for i in fits],
             cache_dir=self.cache_dir,
             threads=self.threads,
             classes=self.classes,
             gate=self.gate,
+            extras=[self.extras[i] for i in fits] if example else (),
+            example_extra=example or None,
         )
-        self.converted[shape] = found
+        self.converted[key] = found
         return found
 
     @property
@@ -129,17 +146,19 @@ class OpenVinoRunner(ModelRunner):
         """The OpenVINO model on ``x`` (``module`` is not run); no tokens."""
         if want_tokens:  # (refused at start-up; a guard)
             raise ModelExecutionError(f"model {self.name!r}: openvino returns no tokens")
-        if kwargs or not isinstance(x, torch.Tensor):
-            what = ", ".join(kwargs) if kwargs else "several modalities"
+        if not isinstance(x, torch.Tensor):
             raise ModelExecutionError(
-                f"model {self.name!r} takes {what}; backend openvino runs one-input models "
-                "only (use --backend torch)"
+                f"model {self.name!r} takes several modalities; backend openvino runs "
+                "one-image models only (use --backend torch)"
             )
-        converted = self.convert(tuple(x.shape[1:]))
+        names = sorted(kwargs)
+        extra = [kwargs[n].numpy() for n in names]
+        example = {n: a[0] for n, a in zip(names, extra, strict=True)}
+        converted = self.convert(tuple(x.shape[1:]), example)
         from geoserve.engine.ov_convert import run_compiled
 
         try:
-            y = run_compiled(converted.compiled, x.numpy())
+            y = run_compiled(converted.compiled, x.numpy(), extra)
         except GeoServeError:
             raise
         except Exception as exc:
@@ -181,12 +200,35 @@ def openvino_runner(loaded: LoadedModel, cfg: EngineConfig) -> OpenVinoRunner:
             "one-input models only in this version (use --backend torch)"
         )
     check_cpu_precision(cfg.precision or "fp32", cfg.force_precision)
-    patches = calibration_patches(in_proc, cfg.calibrate or [], cfg.allowed_formats)
-    runner = OpenVinoRunner(loaded, cfg, patches)
-    shape = tuple(patches[0].shape) if patches else _fixed_shape(in_proc)
-    if shape is not None:  # (else converted for the first batch's band count)
-        runner.convert(shape)
+    patches, extras = calibration_patches(in_proc, cfg.calibrate or [], cfg.allowed_formats)
+    runner = OpenVinoRunner(loaded, cfg, patches, extras)
+    if patches:
+        runner.convert(tuple(patches[0].shape), extras[0])
+    elif (shape := _fixed_shape(in_proc)) is not None and not _takes_arguments(loaded):
+        runner.convert(shape)  # (else converted for the first batch: its bands, arguments)
     return runner
+
+
+def _takes_arguments(loaded: LoadedModel) -> bool:
+    """Whether the model's forward takes arguments besides the pixels (dates, location)."""
+    import inspect
+
+    try:
+        params = inspect.signature(loaded.module.forward).parameters
+    except (TypeError, ValueError):
+        return True
+    return len(params) > 1
+
+
+def _shapes(extra: Extra) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    return tuple((n, tuple(np.shape(extra[n]))) for n in sorted(extra))
+
+
+def _said(key: tuple[Any, ...]) -> str:
+    """A converted model's inputs as messages say them: ``(6, 224, 224) + location_coords (2,)``."""
+    shape = tuple(k for k in key if isinstance(k, int))
+    others = [k for k in key if not isinstance(k, int)]
+    return " + ".join([str(shape), *(f"{n} {s}" for n, s in others)])
 
 
 def _fixed_shape(in_proc: InputProcessor) -> tuple[int, ...] | None:
@@ -221,11 +263,12 @@ def calibration_patches(
     scenes: Sequence[Path | str],
     formats: Sequence[str],
     count: int = CALIBRATION_PATCHES,
-) -> list[NDArray[np.float32]]:
+) -> tuple[list[NDArray[np.float32]], list[Extra]]:
     """About ``count`` patches spread over ``scenes``, cut by the model's input processor.
 
     Rows spread evenly over each scene's grid, patches spread over those rows; all-nodata
-    patches are left out (as the engine does).
+    patches are left out (as the engine does). With each patch, the model's other arguments
+    for it (its scene's date and location for a Prithvi TL model; empty for most).
 
     Raises:
         ConfigError: a scene cannot be opened or read, or gives no patch.
@@ -233,18 +276,14 @@ def calibration_patches(
     from geoserve.raster.source import open_raster
 
     if not scenes:
-        return []
+        return [], []
     per_scene = math.ceil(count / len(scenes))
     out: list[NDArray[np.float32]] = []
+    extras: list[Extra] = []
     for scene in scenes:
         try:
             with open_raster(str(scene), formats=formats) as src:
                 ctx = in_proc.prepare([src])
-                if ctx.model_kwargs:
-                    raise ConfigError(
-                        f"the model takes {', '.join(ctx.model_kwargs)}; openvino runs "
-                        "one-input models only (use --backend torch)"
-                    )
                 rows = np.unique(np.linspace(0, ctx.grid.rows - 1, min(per_scene, ctx.grid.rows)))
                 found: list[NDArray[np.float32]] = []
                 for r in rows.astype(int):
@@ -256,5 +295,6 @@ def calibration_patches(
             raise ConfigError(f"calibrate: {scene}: no patch with valid pixels to calibrate on")
         take = np.unique(np.linspace(0, len(found) - 1, min(per_scene, len(found))).astype(int))
         out.extend(found[i] for i in take)
+        extras.extend(dict(ctx.model_kwargs) for _ in take)
     logger.info("calibration: %d patches from %d scene(s)", len(out), len(scenes))
-    return out
+    return out, extras

@@ -9,7 +9,8 @@ given patches (fixed per-tensor scales: a patch's result does not depend on its 
 saved in float32 (no fp16 weight compression). Given calibration patches (required for int8
 and bf16) the **accuracy gate** runs the result and torch fp32 on them (same classes, largest
 logit error); its figures are stored with the converted model and checked again when it is
-reused.
+reused. A model that takes arguments besides the pixels (a Prithvi TL model's dates and
+location) is converted with them as further inputs, calibrated and checked with each patch's.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import math
 import sys
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -80,12 +81,38 @@ def weights_hash(module: torch.nn.Module) -> str:
     return h.hexdigest()[:32]
 
 
-def patches_hash(patches: Sequence[NDArray[np.float32]]) -> str:
-    """A hash of the calibration patches (their values decide an int8 model)."""
+#: A patch's model arguments besides its pixels (``temporal_coords``, ``location_coords``:
+#: arrays without the batch axis), by name; the converted model takes them as inputs after
+#: the pixels, in the order of their names.
+Extra = Mapping[str, NDArray[np.float32]]
+
+
+def patches_hash(patches: Sequence[NDArray[np.float32]], extras: Sequence[Extra] = ()) -> str:
+    """A hash of the calibration patches and their model arguments (they decide int8)."""
     h = hashlib.sha256()
     for p in patches:
         h.update(np.ascontiguousarray(p, dtype=np.float32).tobytes())
+    for extra in extras:
+        for name in sorted(extra):
+            h.update(name.encode() + np.ascontiguousarray(extra[name], np.float32).tobytes())
     return h.hexdigest()[:32]
+
+
+class _Positional(torch.nn.Module):
+    """``module(x, **extras)`` as ``forward(x, *extras)``, in the order of ``names``."""
+
+    def __init__(self, module: torch.nn.Module, names: Sequence[str]) -> None:
+        super().__init__()
+        self.module = module
+        self.names = tuple(names)
+
+    def forward(self, x: torch.Tensor, *extra: torch.Tensor) -> Any:
+        return self.module(x, **dict(zip(self.names, extra, strict=True)))
+
+
+def _batched(extras: Sequence[Extra], names: Sequence[str]) -> list[NDArray[np.float32]]:
+    """The model arguments of a batch, one array per name: (B, ...) each."""
+    return [np.stack([np.asarray(e[n], np.float32) for e in extras]) for n in names]
 
 
 def load_or_convert(
@@ -99,17 +126,23 @@ def load_or_convert(
     threads: int | None,
     classes: bool,
     gate: str,
+    extras: Sequence[Extra] = (),
+    example_extra: Extra | None = None,
 ) -> Converted:
     """The compiled OpenVINO form of ``module`` for inputs (B, *shape); see the module docs.
 
     ``patches`` (C, P, P) calibrate int8 and feed the gate (int8, bf16); ``classes``: the
     model's outputs are class scores (the gate compares classes); ``gate``: ``refuse`` or
-    ``warn`` below :data:`MIN_AGREEMENT`.
+    ``warn`` below :data:`MIN_AGREEMENT`. A model that takes arguments besides the pixels
+    (a Prithvi TL model's dates and location): ``extras``, each patch's (with ``patches``),
+    or ``example_extra``, one patch's (without): they become inputs of the converted model
+    after the pixels, with a dynamic batch too, in the order of their names.
 
     Raises:
         ConfigError: the cache folder cannot be written, the module does not convert, or
             the gate refuses.
     """
+    example = extras[0] if extras else example_extra or {}
     parts: dict[str, Any] = {
         "model": model,
         "weights": weights_hash(module),
@@ -118,8 +151,10 @@ def load_or_convert(
         "precision": precision,
         "openvino": ov_version(),
     }
+    if example:
+        parts["extra_inputs"] = {n: list(np.shape(example[n])) for n in sorted(example)}
     if patches:  # (int8 is made from them; every precision is checked on them)
-        parts["calibration"] = patches_hash(patches)
+        parts["calibration"] = patches_hash(patches, extras)
         parts["calibration_patches"] = len(patches)
     if precision == "int8":
         parts["nncf"] = importlib.metadata.version("nncf")
@@ -130,7 +165,7 @@ def load_or_convert(
         logger.info("model %r: openvino %s model reused from %s", model, precision, folder)
         found = Converted(compiled, meta, folder, reused=True)
     else:
-        found = _convert(module, parts, folder, patches, threads, classes)
+        found = _convert(module, parts, folder, patches, threads, classes, extras, example)
     check_gate(found.meta, model, gate)
     return found
 
@@ -142,19 +177,26 @@ def _convert(
     patches: Sequence[NDArray[np.float32]],
     threads: int | None,
     classes: bool,
+    extras: Sequence[Extra],
+    example_extra: Extra,
 ) -> Converted:
     """Convert (and for int8 quantise) ``module``, check it, and store it as ``folder``."""
     import openvino as ov
 
     model, precision, shape = parts["model"], parts["precision"], tuple(parts["input_shape"])
+    names = sorted(example_extra)
     t0 = time.perf_counter()
-    example = torch.from_numpy(patches[0][None].copy()) if patches else torch.zeros(1, *shape)
+    x = torch.from_numpy(patches[0][None].copy()) if patches else torch.zeros(1, *shape)
+    example = (x, *(torch.from_numpy(a) for a in _batched([example_extra], names)))
+    shapes = [
+        ov.PartialShape([-1, *shape]),
+        *(ov.PartialShape([-1, *np.shape(example_extra[n])]) for n in names),
+    ]
+    traced = _Positional(module, names).eval() if names else module
     try:
         with warnings.catch_warnings(), torch.no_grad():
             warnings.simplefilter("ignore")  # (torch.jit.trace's deprecation and tracer notes)
-            ov_model = ov.convert_model(
-                module, example_input=example, input=[ov.PartialShape([-1, *shape])]
-            )
+            ov_model = ov.convert_model(traced, example_input=example if names else x, input=shapes)
     except Exception as exc:
         raise ConfigError(
             f"backend: openvino could not convert model {model!r} "
@@ -163,11 +205,11 @@ def _convert(
     meta: dict[str, Any] = {**parts, "conversion_s": round(time.perf_counter() - t0, 3)}
     if precision == "int8":
         t1 = time.perf_counter()
-        ov_model = _quantize(ov_model, patches)
+        ov_model = _quantize(ov_model, patches, extras)
         meta["calibration_s"] = round(time.perf_counter() - t1, 3)
     compiled = _compile(ov_model, precision, threads)
     if patches:
-        meta["gate"] = gate_figures(module, compiled, patches, classes)
+        meta["gate"] = gate_figures(module, compiled, patches, classes, extras)
     try:
         tmp = cache.new_tmp(folder.parent)
         ov.save_model(ov_model, str(tmp / "model.xml"), compress_to_fp16=False)
@@ -190,12 +232,18 @@ def _convert(
     return Converted(compiled, cache.read_meta(folder) or meta, folder, reused=False)
 
 
-def _quantize(ov_model: Any, patches: Sequence[NDArray[np.float32]]) -> Any:
+def _quantize(
+    ov_model: Any, patches: Sequence[NDArray[np.float32]], extras: Sequence[Extra]
+) -> Any:
     """NNCF post-training static int8 quantisation, calibrated on ``patches`` one at a time."""
     import nncf
 
     logging.getLogger("nncf").setLevel(logging.WARNING)  # (no progress bars in the logs)
-    data = nncf.Dataset([np.ascontiguousarray(p[None], dtype=np.float32) for p in patches])
+    names = sorted(extras[0]) if extras else []
+    items: list[Any] = [np.ascontiguousarray(p[None], dtype=np.float32) for p in patches]
+    if names:  # (a model of several inputs: each item all of them, in order)
+        items = [[x, *_batched([e], names)] for x, e in zip(items, extras, strict=True)]
+    data = nncf.Dataset(items)
     with warnings.catch_warnings(), contextlib.redirect_stdout(sys.stderr):
         warnings.simplefilter("ignore")  # (NNCF's progress bars go to stderr, not the output)
         return nncf.quantize(ov_model, data, subset_size=len(patches))
@@ -215,9 +263,18 @@ def _compile(ov_model: Any, precision: str, threads: int | None) -> Any:
     return _core().compile_model(ov_model, "CPU", config)
 
 
-def run_compiled(compiled: Any, x: NDArray[np.float32]) -> NDArray[np.float32]:
-    """The compiled model's first output for ``x`` (B, ...), a copy the next call keeps."""
-    result = compiled(np.ascontiguousarray(x, dtype=np.float32), share_outputs=False)
+def run_compiled(
+    compiled: Any, x: NDArray[np.float32], extra: Sequence[NDArray[np.float32]] = ()
+) -> NDArray[np.float32]:
+    """The compiled model's first output for ``x`` (B, ...), a copy the next call keeps.
+
+    ``extra``: the model's other inputs (B, ...) each, in the order of their names.
+    """
+    pixels = np.ascontiguousarray(x, dtype=np.float32)
+    inputs: Any = (
+        [pixels, *(np.ascontiguousarray(e, np.float32) for e in extra)] if extra else pixels
+    )
+    result = compiled(inputs, share_outputs=False)
     return np.asarray(result[0], dtype=np.float32)
 
 
@@ -226,8 +283,9 @@ def gate_figures(
     compiled: Any,
     patches: Sequence[NDArray[np.float32]],
     classes: bool,
+    extras: Sequence[Extra] = (),
 ) -> dict[str, Any]:
-    """The converted model against torch fp32 on ``patches``.
+    """The converted model against torch fp32 on ``patches`` (and their ``extras``).
 
     Returns ``patches``, ``pixels``, ``agreement`` (share of pixels with the same argmax
     class; None when the outputs are not classes), ``max_abs_error`` and ``max_rel_error``
@@ -235,12 +293,15 @@ def gate_figures(
     """
     same = pixels = 0
     max_abs = max_ref = 0.0
+    names = sorted(extras[0]) if extras else []
     for i in range(0, len(patches), GATE_BATCH):
         x = np.stack(patches[i : i + GATE_BATCH]).astype(np.float32)
+        extra = _batched(extras[i : i + GATE_BATCH], names) if names else []
+        kwargs = {n: torch.from_numpy(a) for n, a in zip(names, extra, strict=True)}
         with torch.inference_mode():
-            ref = module(torch.from_numpy(x))
+            ref = module(torch.from_numpy(x), **kwargs)
         ref_np = (ref[0] if isinstance(ref, tuple | list) else ref).float().numpy()
-        got = run_compiled(compiled, x)
+        got = run_compiled(compiled, x, extra)
         max_ref = max(max_ref, float(np.abs(ref_np).max()))
         diff = np.abs(got - ref_np)
         max_abs = max(max_abs, float(diff.max()) if np.isfinite(diff).all() else math.inf)
