@@ -1,7 +1,7 @@
 """CPU backends side by side: torch fp32 / int8 / bf16 and OpenVINO fp32 / bf16 / int8, end to end.
 
     python -m bench.cpu_backends              # demo-water; prints JSON, updates docs/benchmarks.md
-    python -m bench.cpu_backends --prithvi    # also the Prithvi-EO-2.0-100M-TL-shaped UperNet
+    python -m bench.cpu_backends --prithvi    # also the Prithvi-EO-2.0-100M- and 300M-TL UperNets
 
 Each setting runs through ``Engine`` on the bundled lake scene, GeoTIFF in, raw logits out,
 batch 4: torch float32, torch ``--quantize int8`` (dynamic, linear layers), torch ``--dtype
@@ -134,6 +134,10 @@ def run(prithvi: bool) -> dict[str, Any]:
             report["models"]["100M-TL UperNet"] = run_model(
                 "p100", "prithvi-eo2-300m-tl-sen1floods11", tmp, w100, TILING
             )
+            w300 = _checkpoint("prithvi_eo_v2_300_tl", tmp / "p300.ckpt")
+            report["models"]["300M-TL UperNet"] = run_model(
+                "p300", "prithvi-eo2-300m-tl-sen1floods11", tmp, w300, TILING
+            )
     return report
 
 
@@ -176,7 +180,9 @@ def main() -> None:
 
     parser = cli(__doc__)
     parser.add_argument(
-        "--prithvi", action="store_true", help="also the 100M-TL-shaped UperNet (minutes)"
+        "--prithvi",
+        action="store_true",
+        help="also the 100M- and 300M-TL-shaped UperNets (many minutes)",
     )
     parser.add_argument("--note", default="", help="a sentence written under the table")
     args = parser.parse_args()

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 
 import httpx
 import numpy as np
@@ -15,15 +17,21 @@ from tests.conftest import write_geotiff
 from tests.server.conftest import free_port
 
 
-def test_a_replica_answers_each_model_it_is_asked_for(ray_cluster, tmp_path):
+@contextlib.contextmanager
+def deployed(replicas: int, cpus: float, **settings: object) -> Iterator[str]:
+    """The geoserve app on Ray Serve with ``replicas``, ready; its base URL."""
     from ray import serve
 
     port = free_port()
-    settings = ServerSettings(models=["test-seg", "identity"], port=port)
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     try:
         serve.run(
-            build_app(settings, replicas=1, cpus_per_replica=0.5, imports=["tests.stub_models"]),
+            build_app(
+                ServerSettings(port=port, **settings),  # type: ignore[arg-type]
+                replicas=replicas,
+                cpus_per_replica=cpus,
+                imports=["tests.stub_models"],
+            ),
             name="geoserve",
             route_prefix="/",
             blocking=False,
@@ -37,6 +45,13 @@ def test_a_replica_answers_each_model_it_is_asked_for(ray_cluster, tmp_path):
             except httpx.HTTPError:
                 pass
             time.sleep(0.5)
+        yield url
+    finally:
+        serve.shutdown()
+
+
+def test_a_replica_answers_each_model_it_is_asked_for(ray_cluster, tmp_path):
+    with deployed(1, 0.5, models=["test-seg", "identity"]) as url:
         path = write_geotiff(
             tmp_path / "s.tif",
             np.random.default_rng(3).integers(0, 400, (3, 30, 40)).astype(np.uint16),
@@ -59,33 +74,11 @@ def test_a_replica_answers_each_model_it_is_asked_for(ray_cluster, tmp_path):
         )
         assert missing.status_code == 400
         assert "test-seg, identity" in missing.json()["message"]
-    finally:
-        serve.shutdown()
 
 
 def test_models_are_multiplexed_over_replicas_by_the_model_header(ray_cluster, tmp_path):
     """Two replicas, two models, one loaded per replica: Ray routes each model to one replica."""
-    from ray import serve
-
-    port = free_port()
-    settings = ServerSettings(models=["test-seg", "identity"], port=port, max_loaded_models=1)
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
-    try:
-        serve.run(
-            build_app(settings, replicas=2, cpus_per_replica=0.25, imports=["tests.stub_models"]),
-            name="geoserve",
-            route_prefix="/",
-            blocking=False,
-        )
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{url}/health/ready", timeout=5).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
+    with deployed(2, 0.25, models=["test-seg", "identity"], max_loaded_models=1) as url:
         path = write_geotiff(
             tmp_path / "s.tif",
             np.random.default_rng(4).integers(0, 400, (3, 30, 40)).astype(np.uint16),
@@ -115,5 +108,3 @@ def test_models_are_multiplexed_over_replicas_by_the_model_header(ray_cluster, t
                 answered[m].add(ask(m))
         assert answered == {m: {first[m]} for m in answered}, (first, answered)
         assert first["test-seg"] != first["identity"]  # (a model each: no reloading)
-    finally:
-        serve.shutdown()

@@ -11,7 +11,6 @@ import json
 import shutil
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import httpx
@@ -19,6 +18,7 @@ import numpy as np
 import pytest
 import torch
 
+from bench.shared_weights import LOAD
 from geoserve import Engine
 from geoserve.engine.shared_weights import share_identical
 from geoserve.models.configured import register_configured, unregister_configured
@@ -146,40 +146,14 @@ def test_a_module_holding_what_cannot_be_compared_is_not_shared_whole():
     assert b.encoder.blocks is a.encoder.blocks
 
 
-RSS_SCRIPT = textwrap.dedent(
-    """
-    import gc, json, sys
-    from geoserve import Engine
-    from geoserve.engine.heap import trim_heap
-    from geoserve.models.configured import register_configured
-
-    def rss_mb():
-        for line in open("/proc/self/status"):
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-
-    models, share = sys.argv[1], sys.argv[2] == "on"
-    names = ("floods", "burns", "crops")
-    for n in names:
-        register_configured(n, f"{models}/{n}/config.yaml", f"{models}/{n}/best.ckpt")
-    Engine("identity")  # (torch and the engine's threads started before measuring)
-    gc.collect(); trim_heap()
-    before = rss_mb()
-    engines = [Engine(n, share_weights=share, warmup=False) for n in names]
-    gc.collect(); trim_heap()
-    print(json.dumps({"mb": rss_mb() - before}))
-    """
-)
-
-
 def test_three_fine_tunes_of_one_encoder_take_about_one_encoders_memory(models_dir):
     """Resident memory of three fine-tunes loaded side by side, sharing and not (RSS)."""
     models, _ = models_dir
 
     def grown(share: str) -> float:
-        cmd = [sys.executable, "-c", RSS_SCRIPT, str(models), share]
+        cmd = [sys.executable, "-c", LOAD, str(models), share, *NAMES]  # (bench's own)
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=True)
-        return float(json.loads(done.stdout.strip().splitlines()[-1])["mb"])
+        return float(json.loads(done.stdout.strip().splitlines()[-1])["grown_mb"])
 
     shared, separate = grown("on"), grown("off")
     encoder_mb = 42.7  # ResNet-18's weights, float32 (MiB)
