@@ -181,3 +181,10 @@ def test_a_server_of_three_fine_tunes_says_what_they_share(models_dir):
         assert shared["mb"] > 40
     for resp in answers:
         assert resp.status_code == 200, resp.text
+
+
+def test_tensors_that_cannot_be_read_are_never_shared():
+    with torch.device("meta"):
+        a, b = Net(Encoder((0, 1))), Net(Encoder((0, 1)))
+    share_identical(a)
+    assert share_identical(b) == []  # (no error, and nothing matched)

@@ -106,11 +106,15 @@ def _tensor_digests(module: torch.nn.Module) -> dict[int, str]:
             continue
         h = hashlib.blake2b(digest_size=16)
         h.update(f"{t.dtype}|{tuple(t.shape)}|{t.device}|{t.requires_grad}".encode())
-        data = t.detach().contiguous()
-        if data.device.type != "cpu":
-            data = data.cpu()
-        if data.numel():
-            h.update(data.reshape(-1).view(torch.uint8).numpy().data)
+        try:
+            data = t.detach().contiguous()
+            if data.device.type != "cpu":
+                data = data.cpu()
+            if data.numel():
+                h.update(data.reshape(-1).view(torch.uint8).numpy().data)
+        except (RuntimeError, TypeError, NotImplementedError):  # (meta, sparse, quantised...)
+            digests[id(t)] = f"unhashable:{id(t)}"  # (never equal to another's: not shared)
+            continue
         digests[id(t)] = h.hexdigest()
     return digests
 
