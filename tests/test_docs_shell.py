@@ -85,6 +85,10 @@ RUN_HERE = {
 
 #: Run as written by another test.
 RUN_ELSEWHERE = {
+    "curl -sS --fail-with-body -X POST localhost:8000/v1/images -H 'serve_multiplexed_model_id: "
+    "ndwi-water' -F file=@scene.tif -o water.tif": (
+        "tests/server/test_docs_commands.py::test_scaling_md_model_header_command"
+    ),
     "geoserve predict -i S2L2A=s2_l2a.tif -o scene.tif --model terramind-v1-tiny-generate "
     "--output-kind lulc,confidence --seed 7 # scene_lulc.tif, scene_confidence.tif": (
         "tests/models/terramind/test_generate_hub.py::test_generation_md_command"

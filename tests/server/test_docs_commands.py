@@ -144,3 +144,18 @@ def test_serving_md_modalities_example(tmp_path):
     answer = json.loads((tmp_path / "fused.json").read_text())
     with rasterio.MemoryFile(base64.b64decode(answer["data"])) as mem, mem.open() as dst:
         np.testing.assert_array_equal(dst.read(1), fused)
+
+
+def test_scaling_md_model_header_command(workdir, tmp_path):
+    """scaling.md's request naming its model in Ray Serve's header, to a server of two."""
+    from geoserve import Engine
+
+    lines = [ln for b in bash_blocks("docs/scaling.md") for ln in b.splitlines()]
+    (curl,) = [ln for ln in lines if "serve_multiplexed_model_id" in ln]
+    shutil.copy(workdir / SCENE, tmp_path / "scene.tif")
+    with running_server(model="demo-water", models=["demo-water", "ndwi-water"]) as url:
+        res = run(curl, tmp_path, url, "")
+    assert res.returncode == 0, res.stderr
+    want = Engine("ndwi-water").generate_image(tmp_path / "scene.tif", out_format="tensor")
+    with rasterio.open(tmp_path / "water.tif") as dst:
+        np.testing.assert_array_equal(dst.read(), want.outputs.tensor.numpy())
