@@ -1,7 +1,8 @@
 """CPU backends side by side: torch fp32 / int8 / bf16 and OpenVINO fp32 / bf16 / int8, end to end.
 
     python -m bench.cpu_backends              # demo-water; prints JSON, updates docs/benchmarks.md
-    python -m bench.cpu_backends --prithvi    # also the Prithvi-EO-2.0-100M- and 300M-TL UperNets
+    python -m bench.cpu_backends --prithvi    # also TerraMind tiny + UNet and the 100M- and
+                                              # 300M-TL-shaped Prithvi UperNets
 
 Each setting runs through ``Engine`` on the bundled lake scene, GeoTIFF in, raw logits out,
 batch 4: torch float32, torch ``--quantize int8`` (dynamic, linear layers), torch ``--dtype
@@ -134,6 +135,12 @@ def run(prithvi: bool) -> dict[str, Any]:
             report["models"]["100M-TL UperNet"] = run_model(
                 "p100", "prithvi-eo2-300m-tl-sen1floods11", tmp, w100, TILING
             )
+            from bench.families import _lightning, _terramind
+
+            tm = _lightning(_terramind().eval(), tmp / "terramind.ckpt")
+            report["models"]["TerraMind tiny + UNet"] = run_model(
+                "tm", "terramind-v1-sen1floods11", tmp, tm, {}
+            )
             w300 = _checkpoint("prithvi_eo_v2_300_tl", tmp / "p300.ckpt")
             report["models"]["300M-TL UperNet"] = run_model(
                 "p300", "prithvi-eo2-300m-tl-sen1floods11", tmp, w300, TILING
@@ -182,7 +189,7 @@ def main() -> None:
     parser.add_argument(
         "--prithvi",
         action="store_true",
-        help="also the 100M- and 300M-TL-shaped UperNets (many minutes)",
+        help="also TerraMind tiny + UNet and the 100M- and 300M-TL-shaped UperNets (minutes)",
     )
     parser.add_argument("--note", default="", help="a sentence written under the table")
     args = parser.parse_args()

@@ -96,3 +96,23 @@ def test_int8_is_calibrated_with_each_patch_s_location(files, tmp_path: Path) ->
     assert gate["patches"] >= 4
     assert gate["agreement"] >= 0.99, gate
     assert (got.argmax(0) == want.argmax(0)).mean() >= 0.99
+
+
+def test_a_multimodal_model_is_converted_with_each_modality_an_input(files, tmp_path) -> None:
+    """TerraMind tiny + UNet (S2L1C and S1GRD, either optional), a lake crop as its S2L1C."""
+    from bench.families import _lightning, _terramind
+
+    torch.manual_seed(0)
+    weights = _lightning(_terramind().eval(), tmp_path / "terramind.ckpt")
+    opts = {"weights": weights, "max_batch_patches": 2, "output_kind": ["raw"]}
+    scene = {"S2L1C": str(files["here"])}
+    with Engine("terramind-v1-sen1floods11", **opts) as torch_engine:
+        want = torch_engine.generate_image(scene, out_format="tensor").outputs.tensor.numpy()
+    with Engine(
+        "terramind-v1-sen1floods11", backend="openvino", backend_cache_dir=tmp_path, **opts
+    ) as ov:
+        got = ov.generate_image(scene, out_format="tensor").outputs.tensor.numpy()
+        assert isinstance(ov.runner, OpenVinoRunner)
+        shapes = [c["input_shape"] for c in ov.runner.runtime["converted"]]
+    assert {"S2L1C": [13, 224, 224]} in shapes  # (the modalities this request gave)
+    np.testing.assert_allclose(got, want, atol=1e-4)

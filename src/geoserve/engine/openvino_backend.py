@@ -8,25 +8,25 @@ engine's patch shape; another band count converts again, in fp32 only), with a d
 so every batch size runs the same graph.
 
 :func:`openvino_runner` refuses what this backend does not run (a stepped model, the token
-kinds, several modalities or dates) and precisions the CPU lacks
+kinds, several dates per patch) and precisions the CPU lacks
 the instructions for (bf16: AMX or AVX512-BF16; int8: AVX512-VNNI, AVX-VNNI or AMX) unless
 ``force_precision``; for int8 and bf16 it reads the calibration patches from the
 ``calibrate`` scenes through the model's own input processor (:func:`calibration_patches`).
 A model's per-request arguments besides the pixels (a Prithvi TL model's ``temporal_coords``
-and ``location_coords``) are inputs of its converted model, calibrated with each patch's own.
+and ``location_coords``) are inputs of its converted model, calibrated with each patch's own;
+so is each modality of a multimodal model (converted for the modalities a batch gives).
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-from numpy.typing import NDArray
 
 from geoserve.config import EngineConfig
 from geoserve.engine.converted_cache import default_cache_dir
@@ -39,7 +39,7 @@ from geoserve.schemas import TOKEN_KINDS
 
 if TYPE_CHECKING:
     from geoserve.engine.batch import Patch
-    from geoserve.engine.ov_convert import Converted, Extra
+    from geoserve.engine.ov_convert import Converted, Extra, Pixels, PixelShape
     from geoserve.engine.startup import LoadedModel
 
 logger = logging.getLogger(__name__)
@@ -57,14 +57,16 @@ class OpenVinoRunner(ModelRunner):
         loaded: The loaded model (its module stays the torch reference, for messages and the
             gate; it is not run).
         cfg: The engine's configuration (precision, cache folder, threads, gate).
-        patches: Calibration patches (C, P, P) for int8 and bf16 (and the example input).
+        patches: Calibration patches (C, P, P), or by modality, for int8 and bf16 (and the
+            example input).
+        extras: Each calibration patch's model arguments besides its pixels.
     """
 
     def __init__(
         self,
         loaded: LoadedModel,
         cfg: EngineConfig,
-        patches: Sequence[NDArray[np.float32]],
+        patches: Sequence[Pixels],
         extras: Sequence[Extra] = (),
     ) -> None:
         max_batch = 1 if cfg.max_batch_patches == "auto" else int(cfg.max_batch_patches)
@@ -90,31 +92,41 @@ class OpenVinoRunner(ModelRunner):
         #: model argument's (name, shape), if any.
         self.converted: dict[tuple[Any, ...], Converted] = {}
 
-    def convert(self, shape: tuple[int, ...], example: Extra | None = None) -> Converted:
-        """The converted model for inputs (B, *shape) (and ``example``'s other arguments)."""
+    def convert(self, shape: PixelShape, example: Extra | None = None) -> Converted:
+        """The converted model for inputs (B, *shape) (and ``example``'s other arguments).
+
+        ``shape``: the pixels' (C, P, P), or a multimodal model's by modality.
+        """
         example = example or {}
-        key = (*shape, *_shapes(example))
+        key = (*_pixel_key(shape), *_shapes(example))
         found = self.converted.get(key)
         if found is not None:
             return found
-        from geoserve.engine.ov_convert import load_or_convert
+        from geoserve.engine.ov_convert import load_or_convert, shape_of
 
         fits = [
             i
             for i, p in enumerate(self.patches)
-            if tuple(p.shape) == shape and _shapes(self.extras[i]) == _shapes(example)
+            if shape_of(p) == shape and _shapes(self.extras[i]) == _shapes(example)
         ]
-        if self.precision != "fp32" and not fits:
+        precision = self.precision
+        if precision != "fp32" and not fits:  # (never int8 on scales made for other inputs)
             calibrated = ", ".join(_said(k) for k in self.converted) or "none"
-            raise ModelExecutionError(
-                f"model {self.name!r}: openvino {self.precision} was calibrated for inputs "
-                f"{calibrated}, not {_said(key)}; calibrate on scenes like these"
+            logger.warning(
+                "model %r: openvino %s was calibrated for inputs %s, not %s (other bands or "
+                "modalities): these run in fp32; calibrate on scenes like them for %s",
+                self.name,
+                precision,
+                calibrated,
+                _said(key),
+                precision,
             )
+            precision = "fp32"
         found = load_or_convert(
             self.eager,
             model=self.name,
             shape=shape,
-            precision=self.precision,
+            precision=precision,
             patches=[self.patches[i] for i in fits],
             cache_dir=self.cache_dir,
             threads=self.threads,
@@ -146,19 +158,21 @@ class OpenVinoRunner(ModelRunner):
         """The OpenVINO model on ``x`` (``module`` is not run); no tokens."""
         if want_tokens:  # (refused at start-up; a guard)
             raise ModelExecutionError(f"model {self.name!r}: openvino returns no tokens")
-        if not isinstance(x, torch.Tensor):
-            raise ModelExecutionError(
-                f"model {self.name!r} takes several modalities; backend openvino runs "
-                "one-image models only (use --backend torch)"
-            )
+        shape: PixelShape
+        if isinstance(x, torch.Tensor):
+            pixels: Any = x.numpy()
+            shape = tuple(x.shape[1:])
+        else:  # (a multimodal model: each modality its own input)
+            pixels = {n: t.numpy() for n, t in x.items()}
+            shape = {n: tuple(t.shape[1:]) for n, t in sorted(x.items())}
         names = sorted(kwargs)
         extra = [kwargs[n].numpy() for n in names]
         example = {n: a[0] for n, a in zip(names, extra, strict=True)}
-        converted = self.convert(tuple(x.shape[1:]), example)
+        converted = self.convert(shape, example)
         from geoserve.engine.ov_convert import run_compiled
 
         try:
-            y = run_compiled(converted.compiled, x.numpy(), extra)
+            y = run_compiled(converted.compiled, pixels, extra)
         except GeoServeError:
             raise
         except Exception as exc:
@@ -194,16 +208,20 @@ def openvino_runner(loaded: LoadedModel, cfg: EngineConfig) -> OpenVinoRunner:
             "backend does not return (use --backend torch for them)"
         )
     in_proc = loaded.in_proc
-    if getattr(in_proc, "modalities", None) or in_proc.num_frames > 1:
+    if in_proc.num_frames > 1 or any(
+        getattr(m, "num_frames", 1) > 1 for m in getattr(in_proc, "modalities", None) or ()
+    ):
         raise ConfigError(
-            f"backend: model {name!r} takes several modalities or dates; openvino runs "
-            "one-input models only in this version (use --backend torch)"
+            f"backend: model {name!r} takes several dates per patch; openvino runs one date "
+            "per input in this version (use --backend torch)"
         )
     check_cpu_precision(cfg.precision or "fp32", cfg.force_precision)
     patches, extras = calibration_patches(in_proc, cfg.calibrate or [], cfg.allowed_formats)
     runner = OpenVinoRunner(loaded, cfg, patches, extras)
     if patches:
-        runner.convert(tuple(patches[0].shape), extras[0])
+        from geoserve.engine.ov_convert import shape_of
+
+        runner.convert(shape_of(patches[0]), extras[0])
     elif (shape := _fixed_shape(in_proc)) is not None and not _takes_arguments(loaded):
         runner.convert(shape)  # (else converted for the first batch: its bands, arguments)
     return runner
@@ -224,15 +242,25 @@ def _shapes(extra: Extra) -> tuple[tuple[str, tuple[int, ...]], ...]:
     return tuple((n, tuple(np.shape(extra[n]))) for n in sorted(extra))
 
 
+def _pixel_key(shape: PixelShape) -> tuple[Any, ...]:
+    """The pixels' part of a converted model's key: (C, P, P), or (name, shape) each."""
+    if isinstance(shape, Mapping):
+        return tuple((n, tuple(shape[n])) for n in sorted(shape))
+    return tuple(shape)
+
+
 def _said(key: tuple[Any, ...]) -> str:
     """A converted model's inputs as messages say them: ``(6, 224, 224) + location_coords (2,)``."""
     shape = tuple(k for k in key if isinstance(k, int))
     others = [k for k in key if not isinstance(k, int)]
-    return " + ".join([str(shape), *(f"{n} {s}" for n, s in others)])
+    said = [str(shape)] if shape else []
+    return " + ".join([*said, *(f"{n} {s}" for n, s in others)])
 
 
 def _fixed_shape(in_proc: InputProcessor) -> tuple[int, ...] | None:
-    """The patch shape (C, P, P) when the input processor fixes its band count."""
+    """The patch shape (C, P, P) when the input processor fixes its band count (one image)."""
+    if getattr(in_proc, "modalities", None):
+        return None  # (which modalities a request gives is known only then)
     c = in_proc.in_channels
     return None if c is None else (c, in_proc.patch_size, in_proc.patch_size)
 
@@ -263,7 +291,7 @@ def calibration_patches(
     scenes: Sequence[Path | str],
     formats: Sequence[str],
     count: int = CALIBRATION_PATCHES,
-) -> tuple[list[NDArray[np.float32]], list[Extra]]:
+) -> tuple[list[Pixels], list[Extra]]:
     """About ``count`` patches spread over ``scenes``, cut by the model's input processor.
 
     Rows spread evenly over each scene's grid, patches spread over those rows; all-nodata
@@ -278,17 +306,23 @@ def calibration_patches(
     if not scenes:
         return [], []
     per_scene = math.ceil(count / len(scenes))
-    out: list[NDArray[np.float32]] = []
+    out: list[Pixels] = []
     extras: list[Extra] = []
     for scene in scenes:
         try:
             with open_raster(str(scene), formats=formats) as src:
                 ctx = in_proc.prepare([src])
                 rows = np.unique(np.linspace(0, ctx.grid.rows - 1, min(per_scene, ctx.grid.rows)))
-                found: list[NDArray[np.float32]] = []
+                found: list[Pixels] = []
                 for r in rows.astype(int):
                     patches = in_proc.read_row([src], ctx, int(r)).patches
-                    found.extend(np.array(p, dtype=np.float32) for p in patches)  # type: ignore[union-attr]
+                    if isinstance(patches, Mapping):  # (a multimodal model: by modality)
+                        found.extend(
+                            {k: np.array(v[i], dtype=np.float32) for k, v in patches.items()}
+                            for i in range(len(next(iter(patches.values()))))
+                        )
+                    else:
+                        found.extend(np.array(p, dtype=np.float32) for p in patches)  # type: ignore[union-attr]
         except GeoServeError as exc:
             raise prefixed(exc, f"calibrate: {scene}") from None
         if not found:

@@ -10,7 +10,8 @@ saved in float32 (no fp16 weight compression). Given calibration patches (requir
 and bf16) the **accuracy gate** runs the result and torch fp32 on them (same classes, largest
 logit error); its figures are stored with the converted model and checked again when it is
 reused. A model that takes arguments besides the pixels (a Prithvi TL model's dates and
-location) is converted with them as further inputs, calibrated and checked with each patch's.
+location) is converted with them as further inputs, calibrated and checked with each patch's;
+a multimodal model (its pixels a dict of modalities) with each modality an input of its own.
 """
 
 from __future__ import annotations
@@ -81,33 +82,65 @@ def weights_hash(module: torch.nn.Module) -> str:
     return h.hexdigest()[:32]
 
 
+#: A patch's pixels: (C, P, P), or for a multimodal model one such array per modality.
+Pixels = NDArray[np.float32] | Mapping[str, NDArray[np.float32]]
+#: The pixels' shape: (C, P, P), or each modality's by name.
+PixelShape = tuple[int, ...] | Mapping[str, tuple[int, ...]]
+
 #: A patch's model arguments besides its pixels (``temporal_coords``, ``location_coords``:
 #: arrays without the batch axis), by name; the converted model takes them as inputs after
 #: the pixels, in the order of their names.
 Extra = Mapping[str, NDArray[np.float32]]
 
 
-def patches_hash(patches: Sequence[NDArray[np.float32]], extras: Sequence[Extra] = ()) -> str:
+def patches_hash(patches: Sequence[Pixels], extras: Sequence[Extra] = ()) -> str:
     """A hash of the calibration patches and their model arguments (they decide int8)."""
     h = hashlib.sha256()
     for p in patches:
-        h.update(np.ascontiguousarray(p, dtype=np.float32).tobytes())
+        for name, part in _parts(p):
+            h.update((name or "").encode() + np.ascontiguousarray(part, np.float32).tobytes())
     for extra in extras:
         for name in sorted(extra):
             h.update(name.encode() + np.ascontiguousarray(extra[name], np.float32).tobytes())
     return h.hexdigest()[:32]
 
 
-class _Positional(torch.nn.Module):
-    """``module(x, **extras)`` as ``forward(x, *extras)``, in the order of ``names``."""
+def _parts(pixels: Pixels) -> list[tuple[str | None, NDArray[np.float32]]]:
+    """The pixels as the converted model's first inputs: one array, or each modality's."""
+    if isinstance(pixels, Mapping):
+        return [(n, np.asarray(pixels[n], np.float32)) for n in sorted(pixels)]
+    return [(None, np.asarray(pixels, np.float32))]
 
-    def __init__(self, module: torch.nn.Module, names: Sequence[str]) -> None:
+
+def shape_of(pixels: Pixels) -> PixelShape:
+    """A patch's :data:`PixelShape`."""
+    if isinstance(pixels, Mapping):
+        return {n: tuple(np.shape(pixels[n])) for n in sorted(pixels)}
+    return tuple(np.shape(pixels))
+
+
+class _Positional(torch.nn.Module):
+    """``module(x, **extras)`` as ``forward(*pixels, *extras)``: every input positional.
+
+    ``modalities``: the names of the pixels' parts (a multimodal model's ``x`` is a dict of
+    them), or None for one array; ``names``: the other arguments', in order.
+    """
+
+    def __init__(
+        self, module: torch.nn.Module, modalities: Sequence[str] | None, names: Sequence[str]
+    ) -> None:
         super().__init__()
         self.module = module
+        self.modalities = None if modalities is None else tuple(modalities)
         self.names = tuple(names)
 
-    def forward(self, x: torch.Tensor, *extra: torch.Tensor) -> Any:
-        return self.module(x, **dict(zip(self.names, extra, strict=True)))
+    def forward(self, *inputs: torch.Tensor) -> Any:
+        m = 1 if self.modalities is None else len(self.modalities)
+        if self.modalities is None:
+            x: Any = inputs[0]
+        else:
+            x = dict(zip(self.modalities, inputs[:m], strict=True))
+        return self.module(x, **dict(zip(self.names, inputs[m:], strict=True)))
 
 
 def _batched(extras: Sequence[Extra], names: Sequence[str]) -> list[NDArray[np.float32]]:
@@ -115,13 +148,27 @@ def _batched(extras: Sequence[Extra], names: Sequence[str]) -> list[NDArray[np.f
     return [np.stack([np.asarray(e[n], np.float32) for e in extras]) for n in names]
 
 
+def _stacked(patches: Sequence[Pixels]) -> Pixels:
+    """A batch of patches: (B, C, P, P), or each modality's (B, C, P, P) by name."""
+    first = patches[0]
+    if isinstance(first, Mapping):
+        return {n: np.stack([np.asarray(p[n], np.float32) for p in patches]) for n in first}  # type: ignore[call-overload]
+    return np.stack([np.asarray(p, np.float32) for p in patches])
+
+
+def _torch_input(x: Pixels) -> Any:
+    if isinstance(x, Mapping):
+        return {n: torch.from_numpy(np.ascontiguousarray(v)) for n, v in x.items()}
+    return torch.from_numpy(np.ascontiguousarray(x))
+
+
 def load_or_convert(
     module: torch.nn.Module,
     *,
     model: str,
-    shape: tuple[int, ...],
+    shape: PixelShape,
     precision: str,
-    patches: Sequence[NDArray[np.float32]],
+    patches: Sequence[Pixels],
     cache_dir: Path,
     threads: int | None,
     classes: bool,
@@ -146,7 +193,9 @@ def load_or_convert(
     parts: dict[str, Any] = {
         "model": model,
         "weights": weights_hash(module),
-        "input_shape": list(shape),
+        "input_shape": (
+            {n: list(v) for n, v in shape.items()} if isinstance(shape, Mapping) else list(shape)
+        ),
         "backend": "openvino",
         "precision": precision,
         "openvino": ov_version(),
@@ -174,7 +223,7 @@ def _convert(
     module: torch.nn.Module,
     parts: dict[str, Any],
     folder: Path,
-    patches: Sequence[NDArray[np.float32]],
+    patches: Sequence[Pixels],
     threads: int | None,
     classes: bool,
     extras: Sequence[Extra],
@@ -183,20 +232,32 @@ def _convert(
     """Convert (and for int8 quantise) ``module``, check it, and store it as ``folder``."""
     import openvino as ov
 
-    model, precision, shape = parts["model"], parts["precision"], tuple(parts["input_shape"])
+    model, precision, given = parts["model"], parts["precision"], parts["input_shape"]
     names = sorted(example_extra)
     t0 = time.perf_counter()
-    x = torch.from_numpy(patches[0][None].copy()) if patches else torch.zeros(1, *shape)
-    example = (x, *(torch.from_numpy(a) for a in _batched([example_extra], names)))
+    if patches:
+        pixels = [a[None] for _, a in _parts(patches[0])]
+    elif isinstance(given, Mapping):
+        pixels = [np.zeros((1, *given[n]), np.float32) for n in sorted(given)]
+    else:
+        pixels = [np.zeros((1, *given), np.float32)]
+    modalities = sorted(given) if isinstance(given, Mapping) else None
+    example = (
+        *(torch.from_numpy(np.ascontiguousarray(a)) for a in pixels),
+        *(torch.from_numpy(a) for a in _batched([example_extra], names)),
+    )
     shapes = [
-        ov.PartialShape([-1, *shape]),
+        *(ov.PartialShape([-1, *a.shape[1:]]) for a in pixels),
         *(ov.PartialShape([-1, *np.shape(example_extra[n])]) for n in names),
     ]
-    traced = _Positional(module, names).eval() if names else module
+    plain = not names and modalities is None
+    traced = module if plain else _Positional(module, modalities, names).eval()
     try:
         with warnings.catch_warnings(), torch.no_grad():
             warnings.simplefilter("ignore")  # (torch.jit.trace's deprecation and tracer notes)
-            ov_model = ov.convert_model(traced, example_input=example if names else x, input=shapes)
+            ov_model = ov.convert_model(
+                traced, example_input=example[0] if plain else example, input=shapes
+            )
     except Exception as exc:
         raise ConfigError(
             f"backend: openvino could not convert model {model!r} "
@@ -232,17 +293,17 @@ def _convert(
     return Converted(compiled, cache.read_meta(folder) or meta, folder, reused=False)
 
 
-def _quantize(
-    ov_model: Any, patches: Sequence[NDArray[np.float32]], extras: Sequence[Extra]
-) -> Any:
+def _quantize(ov_model: Any, patches: Sequence[Pixels], extras: Sequence[Extra]) -> Any:
     """NNCF post-training static int8 quantisation, calibrated on ``patches`` one at a time."""
     import nncf
 
     logging.getLogger("nncf").setLevel(logging.WARNING)  # (no progress bars in the logs)
     names = sorted(extras[0]) if extras else []
-    items: list[Any] = [np.ascontiguousarray(p[None], dtype=np.float32) for p in patches]
-    if names:  # (a model of several inputs: each item all of them, in order)
-        items = [[x, *_batched([e], names)] for x, e in zip(items, extras, strict=True)]
+    items: list[Any] = []
+    for i, p in enumerate(patches):  # (several inputs: each item all of them, in order)
+        inputs = [np.ascontiguousarray(a[None]) for _, a in _parts(p)]
+        inputs += _batched([extras[i]], names) if names else []
+        items.append(inputs[0] if len(inputs) == 1 else inputs)
     data = nncf.Dataset(items)
     with warnings.catch_warnings(), contextlib.redirect_stdout(sys.stderr):
         warnings.simplefilter("ignore")  # (NNCF's progress bars go to stderr, not the output)
@@ -264,24 +325,23 @@ def _compile(ov_model: Any, precision: str, threads: int | None) -> Any:
 
 
 def run_compiled(
-    compiled: Any, x: NDArray[np.float32], extra: Sequence[NDArray[np.float32]] = ()
+    compiled: Any, x: Pixels, extra: Sequence[NDArray[np.float32]] = ()
 ) -> NDArray[np.float32]:
     """The compiled model's first output for ``x`` (B, ...), a copy the next call keeps.
 
-    ``extra``: the model's other inputs (B, ...) each, in the order of their names.
+    ``x``: a batch of pixels, or a multimodal model's by modality; ``extra``: the model's
+    other inputs (B, ...) each, in the order of their names.
     """
-    pixels = np.ascontiguousarray(x, dtype=np.float32)
-    inputs: Any = (
-        [pixels, *(np.ascontiguousarray(e, np.float32) for e in extra)] if extra else pixels
-    )
-    result = compiled(inputs, share_outputs=False)
+    inputs = [np.ascontiguousarray(a) for _, a in _parts(x)]
+    inputs += [np.ascontiguousarray(e, np.float32) for e in extra]
+    result = compiled(inputs[0] if len(inputs) == 1 else inputs, share_outputs=False)
     return np.asarray(result[0], dtype=np.float32)
 
 
 def gate_figures(
     module: torch.nn.Module,
     compiled: Any,
-    patches: Sequence[NDArray[np.float32]],
+    patches: Sequence[Pixels],
     classes: bool,
     extras: Sequence[Extra] = (),
 ) -> dict[str, Any]:
@@ -295,11 +355,11 @@ def gate_figures(
     max_abs = max_ref = 0.0
     names = sorted(extras[0]) if extras else []
     for i in range(0, len(patches), GATE_BATCH):
-        x = np.stack(patches[i : i + GATE_BATCH]).astype(np.float32)
+        x = _stacked(patches[i : i + GATE_BATCH])
         extra = _batched(extras[i : i + GATE_BATCH], names) if names else []
         kwargs = {n: torch.from_numpy(a) for n, a in zip(names, extra, strict=True)}
         with torch.inference_mode():
-            ref = module(torch.from_numpy(x), **kwargs)
+            ref = module(_torch_input(x), **kwargs)
         ref_np = (ref[0] if isinstance(ref, tuple | list) else ref).float().numpy()
         got = run_compiled(compiled, x, extra)
         max_ref = max(max_ref, float(np.abs(ref_np).max()))

@@ -115,7 +115,7 @@ def resized_positions(pos: torch.Tensor, h: int, w: int) -> torch.Tensor:
 
     The table is returned as it is when the grid is its own.
     """
-    g = round(pos.shape[1] ** 0.5)
+    g = round(int(pos.shape[1]) ** 0.5)  # (int: a traced shape entry is a tensor)
     if (h, w) == (g, g):
         return pos
     d = pos.shape[-1]

@@ -226,7 +226,8 @@ class TerraMindSegmentation(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         if isinstance(x, torch.Tensor):
             x = {self.modalities[0]: x}
-        sizes = {tuple(t.shape[-2:]) for t in x.values()}
+        # (ints: traced for a converted model, a shape's entries are tensors, never equal)
+        sizes = {(int(t.shape[-2]), int(t.shape[-1])) for t in x.values()}
         if len(sizes) != 1:
             raise ValueError(f"modalities must share one size, got {sorted(sizes)}")
         h, w = sizes.pop()
