@@ -25,7 +25,7 @@ from geoserve.models.configured import register_configured, unregister_configure
 from geoserve.registry import MODEL_REGISTRY
 from tests.test_cli_configured import write_fine_tune, write_scene
 
-NAMES = ("floods", "burns", "crops")
+NAMES = ("shared-floods", "shared-burns", "shared-crops")  # (names no other test registers)
 
 
 def write_fine_tunes(root: Path) -> Path:
@@ -85,18 +85,18 @@ def test_fine_tunes_of_one_encoder_hold_it_once_and_answer_as_alone(models_dir, 
 
 def test_a_shared_encoder_outlives_the_model_that_loaded_it(models_dir, registered):
     _, scene = models_dir
-    want = classes(Engine("burns", share_weights=False), scene)
-    floods, burns = Engine("floods"), Engine("burns")
+    want = classes(Engine(NAMES[1], share_weights=False), scene)
+    floods, burns = Engine(NAMES[0]), Engine(NAMES[1])
     assert burns.model.encoder is floods.model.encoder
     del floods
     gc.collect()
     np.testing.assert_array_equal(classes(burns, scene), want)
-    assert Engine("crops").model.encoder is burns.model.encoder
+    assert Engine(NAMES[2]).model.encoder is burns.model.encoder
 
 
 def test_share_weights_off_keeps_a_copy(models_dir, registered):
-    floods = Engine("floods")
-    burns = Engine("burns", share_weights=False)
+    floods = Engine(NAMES[0])
+    burns = Engine(NAMES[1], share_weights=False)
     assert burns.model.encoder is not floods.model.encoder
     assert burns.shared_parts == ()
 
@@ -160,8 +160,11 @@ def test_three_fine_tunes_of_one_encoder_take_about_one_encoders_memory(models_d
     assert separate - shared > 0.7 * 2 * encoder_mb, (shared, separate)
 
 
-def test_a_server_of_three_fine_tunes_says_what_they_share(models_dir):
+def test_a_server_of_three_fine_tunes_says_what_they_share(models_dir, request):
     from tests.server.conftest import running_server
+
+    for name in NAMES:  # (the server registers them in this process: forget them after)
+        request.addfinalizer(lambda name=name: unregister_configured(name))
 
     models, scene = models_dir
     with running_server(model=NAMES[0], models=list(NAMES), models_dir=models) as url:
