@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 from fastapi import FastAPI
 from fastapi.responses import Response
@@ -49,7 +49,7 @@ class MapRoutes:
         self._services: dict[str, TileService] = {}
         served.on_unload.append(self._forget)
         self.sources = MapSources(settings)
-        self.scenes = SceneRoutes(settings, self.lease_first, self.hold_first, metrics)
+        self.scenes = SceneRoutes(settings, self.lease_first, metrics)
         self.page = MapPage(settings, self.lease_first)
         collected = self.cache if len(names) == 1 else self.caches
         metrics.registry.register(PatchCacheCollector(collected))
@@ -70,12 +70,6 @@ class MapRoutes:
     def lease_first(self) -> contextlib.AbstractAsyncContextManager[TileService]:
         """:meth:`lease` of the first served model (the one scenes and the page use)."""
         return self.lease(self.settings.model)
-
-    @contextlib.contextmanager
-    def hold_first(self) -> Iterator[TileService]:
-        """:meth:`lease_first` for a thread."""
-        with self.served.hold(self.settings.model) as engine:
-            yield self._service(self.settings.model, engine)
 
     def _service(self, name: str, engine: AsyncEngine) -> TileService:
         """The tile service on ``engine`` (made again when the model was reloaded)."""

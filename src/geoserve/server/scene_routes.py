@@ -10,11 +10,12 @@ and offered at ``GET /v1/scenes/{id}/prediction.tif``). The scenes themselves ar
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import AbstractAsyncContextManager, AbstractContextManager
+from contextlib import AbstractAsyncContextManager
 from typing import Any, BinaryIO
 
 from fastapi import FastAPI, Request
@@ -36,20 +37,18 @@ CHUNK = 1024 * 1024
 class SceneRoutes:
     """The routes above.
 
-    ``lease`` (``hold`` in a thread) gives the tile service of the model that predicts
-    scenes, its engine leased while held.
+    ``lease`` gives the tile service of the model that predicts scenes, its engine leased
+    while held.
     """
 
     def __init__(
         self,
         settings: ServerSettings,
         lease: Callable[[], AbstractAsyncContextManager[TileService]],
-        hold: Callable[[], AbstractContextManager[TileService]],
         metrics: Metrics,
     ) -> None:
         self.settings = settings
         self.lease = lease
-        self.hold = hold
         self.metrics = metrics
         self._store: SceneStore | None = None
 
@@ -97,24 +96,11 @@ class SceneRoutes:
             raise InputError("empty upload: send the GeoTIFF as a 'file' part or as the body")
         store = self.store
         async with self.lease() as service:
-            check = self._check_feeds_model if service.class_names() else None
+            check = (
+                functools.partial(_check_feeds_model, service) if service.class_names() else None
+            )
             scene = await asyncio.to_thread(store.add, data, name, check)
         return scene.describe(self.settings.scene_ttl_s)
-
-    def _check_feeds_model(self, upload: NamedBytes) -> None:
-        """Refuse an upload the model's prediction tiles could not read (bands, dates, ...).
-
-        The checks of a tile's request (the engine's admission, headers only), on the whole
-        scene: what a tile would answer, the upload answers at once. A scene too large for one
-        request is not refused here (tiles cut it; the whole-scene run says so itself).
-        """
-        try:
-            spec = RequestSpec(upload, data_format="bytes", out_format="tensor", output_kind="raw")
-            with self.hold() as service:
-                request = service.engine.engine.prepare_request(spec)
-        except PayloadTooLargeError:
-            return
-        request.close()
 
     async def describe(self, sid: str) -> dict[str, Any]:
         """GET /v1/scenes/{id} (not a use: its expiry stays)."""
@@ -179,3 +165,19 @@ def _chunks(file: BinaryIO) -> Iterator[bytes]:
     with file:
         while chunk := file.read(CHUNK):
             yield chunk
+
+
+def _check_feeds_model(service: TileService, upload: NamedBytes) -> None:
+    """Refuse an upload the model's prediction tiles could not read (bands, dates, ...).
+
+    The checks of a tile's request (the engine's admission, headers only), on the whole
+    scene: what a tile would answer, the upload answers at once. A scene too large for one
+    request is not refused here (tiles cut it; the whole-scene run says so itself).
+    ``service``: the tile service on the leased engine of the upload.
+    """
+    try:
+        spec = RequestSpec(upload, data_format="bytes", out_format="tensor", output_kind="raw")
+        request = service.engine.engine.prepare_request(spec)
+    except PayloadTooLargeError:
+        return
+    request.close()
