@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -133,3 +134,44 @@ def test_same_client_request_id_never_mixes_two_requests(server, dirs, tmp_path)
                 path.write_bytes(base64.b64decode(data))
                 got = read(path)[0]
             np.testing.assert_array_equal(got, scene.astype(np.float32))
+
+
+def test_an_upload_of_several_mb_is_parsed_in_memory_and_nothing_goes_to_disk(
+    server, tmp_path, monkeypatch
+):
+    """A multipart file part over 1 MB never becomes a temporary file (Starlette's parser
+    spools such parts to one by default): a request writes only under --output-dir."""
+    made: list[object] = []
+    real = tempfile.TemporaryFile
+
+    def counted(*args, **kwargs):
+        made.append(kwargs.get("dir"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(tempfile, "TemporaryFile", counted)
+    scene = np.random.default_rng(11).integers(0, 999, (3, 600, 600)).astype(np.uint16)
+    raw = write_geotiff(tmp_path / "big.tif", scene).read_bytes()
+    assert len(raw) > 2 * 1024 * 1024
+    resp = httpx.post(
+        f"{server}/v1/images",
+        files={"file": ("big.tif", raw)},
+        data={"out_data_format": "b64_json"},
+        headers=AUTH,
+        timeout=60,
+    )
+    assert resp.status_code == 200, resp.text
+    assert made == []
+    path = tmp_path / "got.tif"
+    path.write_bytes(base64.b64decode(resp.json()["data"]))
+    np.testing.assert_array_equal(read(path)[0], scene.astype(np.float32))
+
+
+def test_a_malformed_multipart_body_is_a_400_naming_the_problem(server):
+    resp = httpx.post(
+        f"{server}/v1/images",
+        content=b"--x\r\nno headers here",
+        headers={**AUTH, "content-type": "multipart/form-data"},
+        timeout=30,
+    )
+    assert resp.status_code == 400, resp.text
+    assert "multipart" in resp.json()["message"]

@@ -15,10 +15,13 @@ from __future__ import annotations
 
 import asyncio
 import re
+import sys
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from starlette.datastructures import FormData
+from starlette.formparsers import MultiPartException, MultiPartParser
 from starlette.requests import Request
 
 from geoserve.errors import ForbiddenInputError, InputError
@@ -214,6 +217,22 @@ def stac_guard(s: ServerSettings) -> Callable[[str], str]:
     return vet
 
 
+async def read_form(request: Request) -> FormData:
+    """A multipart body's parts, its files held in memory: nothing is written to disk.
+
+    (Starlette's ``request.form()`` moves a file part over 1 MB into a temporary file. The
+    body is already bounded by ``--max-body-mb`` and counted against the memory bound as it
+    streams in, and every upload is read into memory next: the temporary file would only add
+    a write and a read, each from a thread, and a write outside ``--output-dir``.)
+    """
+    parser = MultiPartParser(request.headers, request.stream())
+    parser.spool_max_size = sys.maxsize  # (a part never rolls over to a file)
+    try:
+        return await parser.parse()
+    except MultiPartException as exc:
+        raise InputError(f"malformed multipart upload: {exc.message}") from None
+
+
 async def parse_multipart(request: Request) -> tuple[ImagesRequest, Items]:
     """The upload's options and its files, named by their parts' file names.
 
@@ -221,7 +240,7 @@ async def parse_multipart(request: Request) -> tuple[ImagesRequest, Items]:
     name is client text: it names the upload in messages, never a path. Form field ``dates``
     is for ``file`` parts only (modality parts: an :class:`InputError`).
     """
-    form = await request.form()
+    form = await read_form(request)
     plain: list[NamedBytes] = []
     modal: dict[str, list[NamedBytes]] = {}
     for field, part in form.multi_items():

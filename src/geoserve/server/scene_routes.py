@@ -24,6 +24,7 @@ from fastapi.responses import Response, StreamingResponse
 from geoserve.engine.request_spec import RequestSpec
 from geoserve.errors import ForbiddenInputError, InputError, NotFoundError, PayloadTooLargeError
 from geoserve.raster.source import NamedBytes
+from geoserve.server.gather import read_form
 from geoserve.server.metrics import Metrics
 from geoserve.server.overviews import add_overviews
 from geoserve.server.scenes import SceneStore
@@ -85,7 +86,7 @@ class SceneRoutes:
     async def upload(self, request: Request) -> dict[str, Any]:
         """POST /v1/scenes: store a scene for tiles; its id, bounds and zoom range."""
         if request.headers.get("content-type", "").startswith("multipart/form-data"):
-            form = await request.form()
+            form = await read_form(request)
             part = form.get("file")
             if part is None or isinstance(part, str):
                 raise InputError("multipart upload needs a 'file' part with the GeoTIFF")
