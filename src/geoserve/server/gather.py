@@ -250,6 +250,7 @@ async def parse_multipart(request: Request) -> tuple[ImagesRequest, Items]:
             raise InputError(f"{field!r} must be a file part, not a text field")
         n = len(plain) if field == "file" else len(modal.get(field, ()))
         upload = NamedBytes(await part.read(), part.filename or f"{field} part {n}")
+        await part.close()  # (its buffer let go now: the bytes are the one copy kept)
         if not upload.data:
             raise InputError(f"{field!r} part {n} ({upload.shown}) is empty")
         if field == "file":

@@ -91,6 +91,7 @@ class SceneRoutes:
             if part is None or isinstance(part, str):
                 raise InputError("multipart upload needs a 'file' part with the GeoTIFF")
             data, name = await part.read(), part.filename or "upload.tif"
+            await part.close()
         else:
             data, name = await request.body(), "upload.tif"
         if not data:
