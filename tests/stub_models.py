@@ -264,3 +264,28 @@ class SlowLoad(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x
+
+
+class Weighing(nn.Module):
+    """Identity holding ``MB`` megabytes of weights it does not use (a model of known size)."""
+
+    MB = 1.0
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weights = nn.Parameter(torch.zeros(int(self.MB * 2**20) // 4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+
+for _mb, _name in ((2.0, "test-2mb"), (3.0, "test-3mb"), (3.0, "test-3mb-b"), (9.0, "test-9mb")):
+    MODEL_REGISTRY.register_model(_name)(
+        INPUT_REGISTRY.register_input_processor(
+            GeoTiffPatcher(patch_size=16, stride=16, blend="none")
+        )(
+            OUTPUT_REGISTRY.register_output_processor(RawReassembler())(
+                type(f"Weighing{_name}", (Weighing,), {"MB": _mb})
+            )
+        )
+    )

@@ -191,3 +191,18 @@ def test_tensors_that_cannot_be_read_are_never_shared():
         a, b = Net(Encoder((0, 1))), Net(Encoder((0, 1)))
     share_identical(a)
     assert share_identical(b) == []  # (no error, and nothing matched)
+
+
+def test_resident_bytes_counts_a_shared_or_tied_tensor_once() -> None:
+    from geoserve.engine.shared_weights import resident_bytes
+
+    encoder = torch.nn.Linear(256, 256)  # 256 * 256 + 256 floats
+    a = torch.nn.Sequential(encoder, torch.nn.Linear(256, 2))
+    b = torch.nn.Sequential(encoder, torch.nn.Linear(256, 3))
+    enc = (256 * 256 + 256) * 4
+    assert resident_bytes([a]) == enc + (256 * 2 + 2) * 4
+    assert resident_bytes([a, b]) == enc + (256 * 2 + 2) * 4 + (256 * 3 + 3) * 4
+    tied = torch.nn.Sequential(torch.nn.Linear(8, 8, bias=False), torch.nn.Linear(8, 8, bias=False))
+    tied[1].weight = tied[0].weight
+    assert resident_bytes([tied]) == 8 * 8 * 4
+    assert resident_bytes([]) == 0

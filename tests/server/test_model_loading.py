@@ -176,6 +176,82 @@ def test_a_model_that_fails_to_load_fails_only_its_own_requests(scenes: Path) ->
         assert httpx.get(f"{url}/health/ready").status_code == 200  # (the server still serves)
 
 
+def test_a_megabyte_budget_unloads_the_least_recently_used_to_make_room(scenes: Path) -> None:
+    """--max-loaded-mb 6 over models of 2, 3, 3 and 9 MB of weights (tests/stub_models.py)."""
+    served = ["test-2mb", "test-3mb", "test-3mb-b", "test-9mb"]
+    with running_server(
+        model="test-2mb", models=served, max_loaded_mb=6, allowed_input_dirs=[scenes]
+    ) as url:
+        first = {}
+        for name in served[:3]:
+            answer = predict(url, scenes / "a.tif", name)
+            assert answer.status_code == 200, answer.text
+            first[name] = answer.content
+        # 2 + 3 fit; the third made 8: the least recently used idle one went, after its load
+        assert loaded(url) == {
+            "test-2mb": False,
+            "test-3mb": True,
+            "test-3mb-b": True,
+            "test-9mb": False,
+        }
+        entries = {m["id"]: m for m in httpx.get(f"{url}/v1/models").json()["data"]}
+        assert entries["test-3mb"]["runtime"]["weights_mb"] == 3.0
+        assert entries["test-2mb"]["runtime"]["weights_mb"] == 2.0  # (kept while unloaded)
+        # test-2mb's size is known now: room is made before it loads again (test-3mb goes)
+        again = predict(url, scenes / "a.tif", "test-2mb")
+        assert again.status_code == 200, again.text
+        assert again.content == first["test-2mb"]
+        assert loaded(url) == {
+            "test-2mb": True,
+            "test-3mb": False,
+            "test-3mb-b": True,
+            "test-9mb": False,
+        }
+        assert metric(url, "geoserve_model_unloads_total", "test-3mb") == 1
+        # a model larger than the whole budget fails alone, naming the flag
+        failed = predict(url, scenes / "a.tif", "test-9mb")
+        assert failed.status_code == 500, failed.text
+        message = failed.json()["message"]
+        assert "test-9mb" in message, message
+        assert "--max-loaded-mb 6" in message, message
+        assert "9.0 MB" in message
+        assert predict(url, scenes / "a.tif", "test-3mb-b").status_code == 200
+        assert loaded(url)["test-2mb"]
+        assert loaded(url)["test-3mb-b"]
+
+
+def test_a_megabyte_budget_never_unloads_a_model_with_work_in_flight(
+    scenes: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Room is made from the idle models only: the busy one stays loaded."""
+    served = ["test-3mb", "test-2mb", "test-3mb-b"]
+    with running_server(
+        model="test-3mb", models=served, max_loaded_mb=6, allowed_input_dirs=[scenes]
+    ) as url:
+        for name in ("test-3mb-b", "test-2mb", "test-3mb"):  # sizes known; 3mb-b unloaded
+            assert predict(url, scenes / "a.tif", name).status_code == 200
+        assert loaded(url) == {"test-3mb": True, "test-2mb": True, "test-3mb-b": False}
+        release = threading.Event()
+        busy = []
+
+        def slow_box(x: Any) -> Any:  # (test-2mb's forward pass held until released)
+            busy.append(1)
+            release.wait(30)
+            return x
+
+        monkeypatch.setattr(stub_models.Weighing, "forward", lambda self, x: slow_box(x))
+        with ThreadPoolExecutor(2) as pool:
+            held = pool.submit(predict, url, scenes / "a.tif", "test-2mb")
+            while not busy:
+                time.sleep(0.01)
+            monkeypatch.undo()  # (the next loads run as usual)
+            # test-3mb-b needs 3 MB: test-3mb (idle, least recent) goes, test-2mb stays
+            assert predict(url, scenes / "a.tif", "test-3mb-b").status_code == 200
+            assert loaded(url) == {"test-3mb": False, "test-2mb": True, "test-3mb-b": True}
+            release.set()
+            assert held.result().status_code == 200
+
+
 def test_a_flooded_model_does_not_starve_another(
     scenes: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

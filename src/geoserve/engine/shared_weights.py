@@ -84,6 +84,19 @@ def _visit(
         _visit(child, where, digests, shared)
 
 
+def resident_bytes(modules: list[torch.nn.Module]) -> int:
+    """Bytes of the weights and buffers ``modules`` hold together.
+
+    Each tensor's memory counts once: a part shared between them, or tied within one.
+    """
+    seen: dict[tuple[str, int], int] = {}
+    for module in modules:
+        for _, t in _tensors(module):
+            storage = t.untyped_storage()
+            seen[(str(t.device), storage.data_ptr())] = storage.nbytes()
+    return sum(seen.values())
+
+
 def _tensors(module: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
     return [
         *module.named_parameters(remove_duplicate=False),

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from geoserve.engine.shared_weights import resident_bytes
+
 
 def model_entry(model: str, eng: Any) -> dict[str, Any]:
     """The served model's entry (``eng``: its ``AsyncEngine``, None while it loads)."""
@@ -52,6 +54,8 @@ def model_entry(model: str, eng: Any) -> dict[str, Any]:
             "validated": list(eng.engine.spec.validated),
             "backend": cfg.backend,
             "precision": cfg.precision or "fp32",
+            # its weights and buffers (the part shared with another model included)
+            "weights_mb": round(resident_bytes([eng.engine.model]) / 2**20, 1),
         }
         shared = getattr(eng.engine, "shared_parts", ())
         if shared:  # parts held once with another served model (equal weights)

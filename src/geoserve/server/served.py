@@ -1,23 +1,21 @@
 """The served models' engines: one :class:`~geoserve.engine.AsyncEngine` per model.
 
-Each model has its own engine, loop thread and batching, so a batch never mixes models and a
-model's failure (a forward pass that raises, an out-of-memory error) fails only its own
-requests. They share the server's one memory bound (``max_memory_mb``: one
-:class:`~geoserve.engine.ledger.MemoryLedger` for all) and, with several models on an
-accelerator (or ``device_turns``), the device: each batch takes a turn
-(:class:`~geoserve.engine.turns.Turns`, weighted by each model's ``share``), so a model
-flooded with requests cannot starve the others. Each has its own
-admission bound (``max_queued_patches``) and admission threads. A request names its model
-(:meth:`pick`): with one model served the name may be left out; with several, a request
-without one is a 400 listing them, and a name not served is a 404 listing those that are.
+Each model has its own engine, loop thread, batching, admission bound and threads, so a batch
+never mixes models and a model's failure fails only its own requests. They share the server's
+one memory bound (``max_memory_mb``: one :class:`~geoserve.engine.ledger.MemoryLedger`) and,
+with several models on an accelerator (or ``device_turns``), the device: each batch takes a
+turn (:class:`~geoserve.engine.turns.Turns`, weighted by each model's ``share``), so a flooded
+model cannot starve the others. A request names its model (:meth:`pick`).
 
 Everything that uses an engine holds a lease on it (:meth:`lease`, or :meth:`hold` in a
-thread) for as long as it does: a request, a job, a tile, a description. With
-``max_loaded_models``, a lease on a model not loaded loads it (one load per model; the others
-asking meanwhile wait for it), first unloading the least recently used model that no lease
-holds; when every loaded model is held, the lease waits for one to be let go (until the
-request's deadline: 503). A model that fails to load fails its own requests (500, saying why),
-never the others'.
+thread) for as long as it does: a request, a job, a tile, a description. Within a budget
+(``max_loaded_models``, and ``max_loaded_mb``: each model's weights measured at its load, a
+tensor shared between models counted once), a lease on a model not loaded loads it (one load
+per model; the others asking meanwhile wait for it), first unloading the least recently used
+models no lease holds (after the load, when its size is not yet known; while the models that
+would make room are busy, once one is let go). When every loaded model is held, the lease
+waits for one to be let go (until the request's deadline: 503). A model that fails to load
+fails its own requests (500, saying why), never the others'.
 """
 
 from __future__ import annotations
@@ -30,13 +28,14 @@ import logging
 import threading
 import time
 from collections import Counter, OrderedDict
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextvars import ContextVar
 from typing import Any
 
 from geoserve.engine import Engine
 from geoserve.engine.async_engine import AsyncEngine
 from geoserve.engine.ledger import MemoryLedger
+from geoserve.engine.shared_weights import resident_bytes
 from geoserve.engine.turns import Turns
 from geoserve.errors import (
     ConfigError,
@@ -93,6 +92,11 @@ class ServedEngines:
         shares = {m.name: m.share for m in settings.served}
         self.turns = Turns(shares) if settings.takes_turns else None
         self.max_loaded = settings.max_loaded_models if given is None else None
+        mb = settings.max_loaded_mb if given is None else None
+        self.max_bytes = None if mb is None else int(mb * 2**20)
+        #: Each model's bytes of weights as measured at its last load (the room a reload needs).
+        self.sizes: dict[str, int] = {}
+        self._over = False  # (over max_bytes after a load: trimmed when a lease is let go)
         self._lock = threading.Lock()
         self._users: Counter[str] = Counter()
         self._loading: set[str] = set()
@@ -143,8 +147,8 @@ class ServedEngines:
         )
         async_engine.memory = self._ledger  # (one bound for the whole server)
         self.metrics.bind(
-            functools.partial(_remaining, async_engine),
-            functools.partial(_in_flight, async_engine),
+            lambda: async_engine.remaining_patches,
+            lambda: async_engine.in_flight,
             steps=eng.step_stats,
             model=label,
         )
@@ -163,15 +167,30 @@ class ServedEngines:
                 self.errors[name] = exc
                 self._loading.discard(name)
             return
+        size = resident_bytes([eng.engine.model])
+        if self.max_bytes is not None and size > self.max_bytes:
+            eng.close()
+            with self._lock:
+                self.errors[name] = ConfigError(
+                    f"its weights take {size / 2**20:.1f} MB, more than --max-loaded-mb "
+                    f"{self.settings.max_loaded_mb:g} allows"
+                )
+                self._loading.discard(name)
+            logger.error("model %s failed to load: %s", name, self.errors[name])
+            return
         entry = model_entry(name, eng)
         with self._lock:
             self.engines[name] = eng
+            self.sizes[name] = size
             self._entries[name] = entry
             self._loading.discard(name)
             closed = self._closed
+            extra = [] if closed else self._trim(keep=name)
         if closed:  # (the server stopped while it loaded)
             eng.close()
             return
+        for old, other in extra:
+            self._unload(old, other)
         seconds = time.perf_counter() - t0
         self.metrics.model_loaded(name, seconds)
         logger.info("model %s ready (loaded in %.1f s)", name, seconds)
@@ -180,7 +199,7 @@ class ServedEngines:
         """Stop ``name``'s engine and let its weights go (no lease holds it)."""
         eng.close()
         label = name if self.metrics.by_model else None
-        self.metrics.bind(_nothing, _nothing, steps=None, model=label)
+        self.metrics.bind(lambda: 0.0, lambda: 0.0, steps=None, model=label)
         for forget in self.on_unload:
             forget(name)
         del eng
@@ -188,6 +207,37 @@ class ServedEngines:
         _empty_device_cache()
         self.metrics.model_unloaded(name)
         logger.info("model %s unloaded (least recently used)", name)
+
+    def _resident(self, leaving: Sequence[str] = ()) -> int:
+        """Bytes of weights held by the loaded models but ``leaving``, and those loading.
+
+        (A loading model counts with its size from an earlier load. Under the lock.)
+        """
+        kept = [e.engine.model for n, e in self.engines.items() if n not in leaving]
+        return resident_bytes(kept) + sum(self.sizes.get(n, 0) for n in self._loading)
+
+    def _idle(self) -> list[str]:
+        """The loaded models no lease holds and with nothing in flight, least recent first."""
+        return [n for n, e in self.engines.items() if not self._users[n] and not e.in_flight]
+
+    def _trim(self, keep: str | None = None) -> list[tuple[str, AsyncEngine]]:
+        """Idle models taken out until the loaded ones fit in ``max_bytes``, to be unloaded.
+
+        (Least recently used first; ``keep`` stays. Under the lock.)
+        """
+        if self.max_bytes is None:
+            return []
+        idle = [n for n in self._idle() if n != keep]
+        leaving: list[str] = []
+        while self._resident(leaving) > self.max_bytes and idle:
+            leaving.append(idle.pop(0))
+        self._over = self._resident(leaving) > self.max_bytes
+        if self._over:
+            logger.warning(
+                "the loaded models' weights exceed --max-loaded-mb %g until a busy one is idle",
+                self.settings.max_loaded_mb,
+            )
+        return [(n, self.engines.pop(n)) for n in leaving]
 
     # -- leases --------------------------------------------------------------------------------
 
@@ -254,15 +304,23 @@ class ServedEngines:
                 return eng
             if name in self._loading or not self._started:
                 return None
-            victims: list[tuple[str, AsyncEngine]] = []
+            idle = self._idle()
+            leaving: list[str] = []
             if self.max_loaded is not None:
                 over = len(self.engines) + len(self._loading) + 1 - self.max_loaded
-                idle = [
-                    n for n, e in self.engines.items() if not self._users[n] and not e.in_flight
-                ]
                 if len(idle) < over:
                     return None  # every loaded model is held: wait for one to be let go
-                victims = [(n, self.engines.pop(n)) for n in idle[: max(over, 0)]]
+                leaving = idle[: max(over, 0)]
+            need = self.sizes.get(name)
+            if self.max_bytes is not None and need is not None:
+                rest = [n for n in idle if n not in leaving]
+                while self._resident(leaving) + need > self.max_bytes:
+                    if not rest:
+                        if len(leaving) < len(self.engines) or self._loading:
+                            return None  # the room is held: wait for a model to be let go
+                        break  # (nothing else loaded: it fits alone, or its load says why)
+                    leaving.append(rest.pop(0))
+            victims = [(n, self.engines.pop(n)) for n in leaving]
             self._loading.add(name)
         threading.Thread(
             target=self._load, args=(name, victims), name=f"geoserve-load-{name}", daemon=True
@@ -272,6 +330,15 @@ class ServedEngines:
     def _let_go(self, name: str) -> None:
         with self._lock:
             self._users[name] -= 1
+            extra = self._trim() if self._over and not self._closed else []
+        if extra:  # (not on the caller's thread, which may be the event loop)
+            threading.Thread(
+                target=self._unload_all, args=(extra,), name="geoserve-unload", daemon=True
+            ).start()
+
+    def _unload_all(self, models: list[tuple[str, AsyncEngine]]) -> None:
+        for name, eng in models:
+            self._unload(name, eng)
 
     def _not_ready(self, name: str) -> ShuttingDownError | QueueFullError:
         """Why a lease on ``name`` came to its deadline without the engine."""
@@ -279,9 +346,11 @@ class ServedEngines:
             if name in self._loading or not self._started:
                 return ShuttingDownError(f"model {name!r} is still loading")
             busy = ", ".join(self.engines)
+        budget = f"--max-loaded-models {self.max_loaded}" if self.max_loaded else ""
+        budget += f", --max-loaded-mb {self.settings.max_loaded_mb:g}" if self.max_bytes else ""
         return QueueFullError(
             f"model {name!r} is not loaded and every loaded model ({busy}) has work in flight "
-            f"(--max-loaded-models {self.max_loaded}); try again soon"
+            f"({budget.lstrip(', ')}); try again soon"
         )
 
     # -- what the routes ask -------------------------------------------------------------------
@@ -364,18 +433,6 @@ class ServedEngines:
             self.engines.clear()
         for eng in loaded:
             eng.close()
-
-
-def _remaining(eng: AsyncEngine) -> float:
-    return eng.remaining_patches
-
-
-def _in_flight(eng: AsyncEngine) -> float:
-    return eng.in_flight
-
-
-def _nothing() -> float:
-    return 0.0
 
 
 def _empty_device_cache() -> None:

@@ -111,9 +111,16 @@ class ServerFields(BaseModel):
     """Most of the served models loaded at once: a model loads on its first request (one
     that arrives while it loads waits for it), and to make room the least recently used model
     with no request, job or tile in flight is unloaded; unset: every model stays loaded."""
+    max_loaded_mb: float | None = Field(None, gt=0)
+    """Most megabytes of weights (parameters and buffers, host or device, a tensor shared
+    between models counted once) of the served models loaded at once: a model's size is
+    measured when it first loads; to make room the least recently used models with nothing in
+    flight are unloaded (before a load whose size is known, else right after it); a model
+    larger than this alone fails to load. Unset: no limit in megabytes."""
     preload: bool | None = None
     """Load models at start-up, in the order served (at most --max-loaded-models of them);
-    unset: yes, unless --max-loaded-models is set (then each loads on its first request)."""
+    unset: yes, unless --max-loaded-models or --max-loaded-mb is set (then each loads on its
+    first request)."""
     device_turns: bool | None = None
     """Several models: run one model's batch at a time on the device, the next turn to the
     model with the least device time for its share; unset: on when the models run on an
@@ -266,8 +273,12 @@ class ServerSettings(ServerFields):
 
     @property
     def preloaded(self) -> list[str]:
-        """The models loaded at start-up (``preload``, at most ``max_loaded_models``)."""
-        lazy = self.preload is False or (self.preload is None and self.max_loaded_models)
+        """The models loaded at start-up (``preload``, at most ``max_loaded_models``).
+
+        (With ``max_loaded_mb``, one that does not fit pushes out the earliest, as later loads do.)
+        """
+        budget = self.max_loaded_models or self.max_loaded_mb
+        lazy = self.preload is False or (self.preload is None and budget)
         return [] if lazy else self.model_names[: self.max_loaded_models]
 
     @property
