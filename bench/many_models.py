@@ -43,7 +43,7 @@ from geoserve.engine.cpu_inference import cpu_name
 MODELS = ("demo-water", "ndwi-water", "bench-conv")
 FLAGS = ["--batch-size", "2", "--max-queued-patches", "100000", "--threads", "1"]
 LEVELS = (3, 12, 48)
-REPEATS = 3
+REPEATS = 5
 
 
 def start(models: tuple[str, ...], *extra: str) -> tuple[str, subprocess.Popen[str]]:
@@ -143,7 +143,7 @@ def run() -> dict[str, Any]:
             runs: dict[str, list[dict[str, Any]]] = {k: [] for k in ways}
             for _ in range(REPEATS):
                 for way, targets in ways.items():
-                    runs[way].append(asyncio.run(load(targets, bodies, c, max(60, 4 * c))))
+                    runs[way].append(asyncio.run(load(targets, bodies, c, max(120, 8 * c))))
             med = {k: sorted(v, key=lambda r: r["req_per_s"])[len(v) // 2] for k, v in runs.items()}
             levels.append({"concurrency": c, **med})
         alone = asyncio.run(load([(one_url, "ndwi-water")], bodies, 4, 24))
